@@ -1,10 +1,16 @@
 """A lean decoding step for Llama-architecture models (Llama, Qwen2): the `hf` engine's fast path.
 
 transformers' forward spends most of a single-token step on per-layer bookkeeping (mask
-building, cache objects growing by concatenation). Decoding only needs the same arithmetic:
-this module runs it directly on the model's own weights with a preallocated KV cache, and
-falls back to the plain forward for anything else (other architectures, ZeRO-3's sharded
+building, cache objects growing by concatenation, the rotary table recomputed every step).
+Decoding only needs the same arithmetic: this module runs it directly on the model's own
+weights with a preallocated KV cache, a rotary table built once per batch, one rotary pass
+for the query and key together, and grouped-query attention without repeating the keys.
+It falls back to the plain forward for anything else (other architectures, ZeRO-3's sharded
 parameters). The prefill still runs through transformers; its cache is copied in once.
+
+On a CPU in float32 the attention is written out as two matmuls and a softmax: for one
+query token that is faster than `scaled_dot_product_attention`'s kernel; elsewhere (GPU,
+bfloat16) the fused kernel is used.
 """
 
 from __future__ import annotations
@@ -27,14 +33,20 @@ def supports(model) -> bool:
     return not any(hasattr(p, "ds_id") for p in model.parameters())
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
 class FastDecoder:
-    """The KV cache of a batch being decoded, and one decoding step on it."""
+    """The KV cache of a batch being decoded, and one decoding step on it.
+
+    Every row's next token goes into the same cache column (`length`); a row's position is
+    its own count of real tokens, so left padding never shifts the rotary phase.
+    """
 
     def __init__(self, model, cache, mask: torch.Tensor, max_new_tokens: int):
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
         self.model = model
-        self.rope = apply_rotary_pos_emb
         inner = model.model
         self.layers = inner.layers
         self.length = mask.shape[1]  # columns filled so far
@@ -48,55 +60,77 @@ class FastDecoder:
             values[:, :, :self.length] = v
             self.keys.append(keys)
             self.values.append(values)
-        self.mask = torch.zeros(mask.shape[0], capacity, dtype=torch.bool, device=mask.device)
-        self.mask[:, :self.length] = mask.bool()
+        dtype, device = self.keys[0].dtype, mask.device
+        # Columns past the prompt are always real tokens (finished rows are fed padding
+        # tokens that nobody reads), so only the prompt's padding is ever masked.
+        self.manual = device.type == "cpu" and dtype == torch.float32
+        pad = torch.zeros(mask.shape[0], capacity, dtype=torch.bool, device=device)
+        pad[:, :self.length] = mask == 0
+        if self.manual:
+            self.attend = torch.zeros(pad.shape, dtype=dtype, device=device).masked_fill(pad, float("-inf"))
+        else:
+            self.attend = ~pad
+        self.attend = self.attend[:, None, None, :]
+        self.next_position = mask.sum(-1)
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.group = self.heads // self.kv_heads
+        probe = torch.zeros(1, 1, config.hidden_size, dtype=dtype, device=device)
+        cos, sin = inner.rotary_emb(probe, torch.arange(capacity, device=device)[None])
+        self.cos, self.sin = cos[0], sin[0]  # (capacity, head_dim)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these rows (finished sequences leave the batch)."""
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
-        self.mask = self.mask[rows]
+        self.attend = self.attend[rows]
+        self.next_position = self.next_position[rows]
 
-    @staticmethod
-    def _norm(module, x: torch.Tensor) -> torch.Tensor:
+    def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
         # As transformers' RMSNorm: normalise in float32, scale in the input dtype.
-        dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
-        return module.weight * x32.to(dtype)
+        return module.weight * x32.to(x.dtype)
+
+    def _attention(self, q: torch.Tensor, i: int, end: int, scale: float) -> torch.Tensor:
+        """q (B, kv_heads, group, head_dim) against the cache's first `end` columns."""
+        keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]
+        attend = self.attend[..., :end]
+        if self.manual:
+            scores = torch.matmul(q * scale, keys.transpose(-1, -2)).add_(attend)
+            return torch.matmul(scores.softmax(-1), values)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=scale)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (B, vocab) after appending `tokens` (B,) to every row."""
         batch = tokens.shape[0]
         slot = self.length
-        self.mask[:, slot] = True
-        positions = (self.mask[:, :slot + 1].sum(-1, keepdim=True) - 1)
         inner = self.model.model
         h = inner.embed_tokens(tokens[:, None])
-        cos, sin = inner.rotary_emb(h, positions)
-        attend = self.mask[:, None, None, :slot + 1]
+        cos = self.cos[self.next_position][:, None, None, :]
+        sin = self.sin[self.next_position][:, None, None, :]
+        group, kv_heads, head_dim = self.group, self.kv_heads, self.head_dim
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._norm(layer.input_layernorm, h)
-            q = attn.q_proj(x).view(batch, 1, self.heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(batch, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(batch, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = self.rope(q, k, cos, sin)
-            self.keys[i][:, :, slot:slot + 1] = k
-            self.values[i][:, :, slot:slot + 1] = v
-            out = F.scaled_dot_product_attention(
-                q, self.keys[i][:, :, :slot + 1], self.values[i][:, :, :slot + 1], attn_mask=attend,
-                scale=attn.scaling, enable_gqa=self.kv_heads != self.heads,
-            )
-            h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1))
+            q = attn.q_proj(x).view(batch, kv_heads, group, head_dim)
+            k = attn.k_proj(x).view(batch, kv_heads, 1, head_dim)
+            # One rotary pass over the query heads and the key together.
+            qk = torch.cat((q, k), dim=2)
+            qk = qk * cos + rotate_half(qk) * sin
+            self.keys[i][:, :, slot:slot + 1] = qk[:, :, group:]
+            self.values[i][:, :, slot:slot + 1] = attn.v_proj(x).view(batch, kv_heads, 1, head_dim)
+            out = self._attention(qk[:, :, :group], i, slot + 1, attn.scaling)
+            h = h + attn.o_proj(out.reshape(batch, 1, -1))
             x = self._norm(layer.post_attention_layernorm, h)
             mlp = layer.mlp
             h = h + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
         self.length = slot + 1
+        self.next_position = self.next_position + 1
         h = self._norm(inner.norm, h)
         return self.model.lm_head(h)[:, -1].float()

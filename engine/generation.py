@@ -1,9 +1,9 @@
 """The `hf` generation engine: batched sampling with a KV cache on a transformers model.
 
 It runs on the actor's own module (no copy of the weights): the n samples of a prompt
-share one prefill (the prompt's KV cache is repeated n times), finished sequences
-leave the decoding batch so they stop costing compute, and the per-token log-probs
-of the sampled tokens come out of generation.
+share one prefill (the prompt's KV cache is repeated n times), finished sequences leave
+the decoding batch (a quarter of it at a time) so they stop costing compute, and the
+per-token log-probs of the sampled tokens come out of generation.
 
 Output rows are grouped by prompt: prompt 0's n samples, then prompt 1's, and so on.
 Shapes (N = prompts x n, P = longest prompt, R = longest response):
@@ -46,15 +46,48 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def sample(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from softmax(logits), by the Gumbel-max trick: the argmax of the
+    logits plus Gumbel noise is distributed as the softmax (masked -inf logits never win).
+    It draws on the generator's device, and costs a third of `torch.multinomial` on a CPU."""
+    device = generator.device if generator is not None else logits.device
+    uniform = torch.rand(logits.shape, generator=generator, device=device).to(logits.device)
+    return (logits - uniform.log_().neg_().log_()).argmax(-1)
+
+
 def positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids for a left-padded attention mask (padding gets position 0)."""
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+class ForwardDecoder:
+    """Decoding through the model's own forward and transformers' cache (any architecture,
+    and ZeRO-3, whose gathering hooks run inside the forward)."""
+
+    def __init__(self, model, cache, mask: torch.Tensor):
+        self.model, self.cache, self.mask = model, cache, mask
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask,
+                         position_ids=self.mask.sum(-1, keepdim=True) - 1, past_key_values=self.cache,
+                         use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1].float()
+
+
 class HFGenerator:
-    """`sync_done`, when given, is asked after every decoding step whether *every* rank is done
+    """Finished rows stay in the decoding batch, fed padding, until they are a quarter of it;
+    then they are dropped together (each drop copies the KV cache, so one per row would cost
+    more than it saves on small batches).
+
+    `sync_done`, when given, is asked after every decoding step whether *every* rank is done
     (ZeRO-3 gathers parameters with collectives inside each forward, so all ranks must run the
-    same number of steps); finished rows then stay in the batch, fed padding."""
+    same number of steps); a rank whose rows have all finished keeps stepping on padding."""
 
     def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, batch_size: int,
                  sync_done: Callable[[bool], bool] | None = None, fast: bool = True):
@@ -95,62 +128,80 @@ class HFGenerator:
             mask[row, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True)
-        cache = out.past_key_values
         # One prefill per prompt, shared by its n samples.
+        cache = out.past_key_values
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)
         mask = mask.repeat_interleave(n, 0)
+        if self.fast:
+            decoder = FastDecoder(self.model, cache, mask, params.max_new_tokens)
+        else:
+            decoder = ForwardDecoder(self.model, cache, mask)
         rows = len(prompts) * n
-        tokens = torch.full((rows, params.max_new_tokens), self.pad, dtype=torch.long)
-        logps = torch.zeros(rows, params.max_new_tokens)
-        entropies = torch.zeros(rows, params.max_new_tokens)
-        lengths = torch.zeros(rows, dtype=torch.long)
-        active = torch.arange(rows)
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)  # only used with sync_done
+        active = torch.arange(rows)  # the output row of each batch slot
+        finished = None  # (batch,) bool once some rows in the batch have ended, else None
         eos = self.eos.to(device)
-        fast = FastDecoder(self.model, cache, mask, params.max_new_tokens) if self.fast else None
+        filtered = params.top_k > 0 or params.top_p < 1.0
+        record = []  # per step: (active, live or None, token, log-prob, entropy)
         for t in range(params.max_new_tokens):
-            scaled = logits / params.temperature
-            live = (~finished).cpu()
-            chosen = torch.full((len(active),), self.pad, dtype=torch.long, device=device)
-            if params.greedy:
-                chosen[live] = scaled[live].argmax(-1)
-            else:
-                # Draw only for live rows, so the random stream is the same in both modes.
-                probs = filter_logits(scaled[live], params.top_k, params.top_p).softmax(-1)
-                chosen[live] = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(device)
+            scaled = logits / params.temperature if params.temperature != 1.0 else logits
             log_dist = F.log_softmax(scaled, -1)
-            logp = log_dist.gather(-1, chosen[:, None]).squeeze(-1)
             entropy = -(log_dist.exp() * log_dist).sum(-1)
-            tokens[active[live], t] = chosen.cpu()[live]
-            logps[active[live], t] = logp.cpu()[live]
-            entropies[active[live], t] = entropy.cpu()[live]
-            lengths[active[live]] = t + 1
-            done = torch.isin(chosen, eos) | finished
+            if params.greedy:
+                chosen = scaled.argmax(-1)
+                if finished is not None:
+                    chosen = chosen.masked_fill(finished, self.pad)
+            else:
+                pool = filter_logits(scaled, params.top_k, params.top_p) if filtered else scaled
+                # Draw only for live rows, so the random stream does not depend on when
+                # finished rows leave the batch.
+                drawn = sample(pool if finished is None else pool[~finished], generator)
+                if finished is None:
+                    chosen = drawn
+                else:
+                    chosen = torch.full(finished.shape, self.pad, dtype=torch.long, device=device)
+                    chosen[~finished] = drawn
+            logp = log_dist.gather(-1, chosen[:, None]).squeeze(-1)
+            record.append((active, None if finished is None else ~finished, chosen, logp, entropy))
+            done = torch.isin(chosen, eos)
+            if finished is not None:
+                done |= finished
             all_done = bool(done.all())
             if self.sync_done is not None:
                 all_done = self.sync_done(all_done)
             if t + 1 == params.max_new_tokens or all_done:
                 break
-            if self.sync_done is not None:
-                finished = done
-            elif bool(done.any()):
+            finished = done if bool(done.any()) else None
+            if finished is not None and self._compact(finished):
                 # Finished sequences leave the batch: their cache rows are dropped.
-                keep = (~done).nonzero().squeeze(-1)
-                if fast is not None:
-                    fast.select(keep)
-                else:
-                    cache.batch_select_indices(keep)
-                active, chosen, mask = active[keep.cpu()], chosen[keep], mask[keep]
-                finished = finished[keep]
-            if fast is not None:
-                logits = fast.step(chosen)
-                continue
-            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            pos = mask.sum(-1, keepdim=True) - 1
-            out = self.model(input_ids=chosen[:, None], attention_mask=mask, position_ids=pos,
-                             past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1].float()
+                keep = (~finished).nonzero().squeeze(-1)
+                decoder.select(keep)
+                active, chosen, finished = active[keep.cpu()], chosen[keep], None
+            logits = decoder.step(chosen)
+        return self._collect(prompts, n, rows, params.max_new_tokens, record)
+
+    @staticmethod
+    def _compact(finished: torch.Tensor) -> bool:
+        """Whether to drop the finished rows now: once they are a quarter of the batch (each
+        drop copies the KV cache), and never all of them (a lockstep rank still steps)."""
+        count = int(finished.sum())
+        return count < len(finished) and count * 4 >= len(finished)
+
+    def _collect(self, prompts, n, rows: int, max_new: int, record):
+        """The recorded steps as (rows, max_new) tokens, log-probs and entropies, written at once."""
+        index_rows = torch.cat([step[0] for step in record])
+        index_cols = torch.cat([torch.full_like(step[0], t) for t, step in enumerate(record)])
+        live = torch.cat([step[1].cpu() if step[1] is not None else torch.ones(len(step[0]), dtype=torch.bool)
+                          for step in record])
+        chosen, logp, entropy = (torch.cat([step[k] for step in record]).cpu()[live] for k in (2, 3, 4))
+        index_rows, index_cols = index_rows[live], index_cols[live]
+        tokens = torch.full((rows, max_new), self.pad, dtype=torch.long)
+        logps = torch.zeros(rows, max_new)
+        entropies = torch.zeros(rows, max_new)
+        tokens[index_rows, index_cols] = chosen
+        logps[index_rows, index_cols] = logp
+        entropies[index_rows, index_cols] = entropy
+        lengths = torch.zeros(rows, dtype=torch.long).scatter_reduce_(0, index_rows, index_cols + 1, "amax")
         return [p for p in prompts for _ in range(n)], tokens, logps, lengths, entropies
 
     def _assemble(self, parts) -> dict[str, torch.Tensor]:

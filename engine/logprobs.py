@@ -7,6 +7,8 @@ distribution they were sampled from.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable
 
 import torch
@@ -15,13 +17,26 @@ import torch.nn.functional as F
 from hflow.engine.batch import Batch
 
 
+@functools.cache
+def _takes_logits_to_keep(model_type: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
+
+
+def _logits_kwargs(forward: Callable, width: int) -> dict:
+    """`logits_to_keep` for models that take it: the LM head then runs only on the response
+    positions, not on the prompt's (with a large vocabulary, most of the logits' memory)."""
+    owner = getattr(forward, "__self__", forward)  # a bound method (DeepSpeed's) or the model
+    model = getattr(owner, "module", owner)
+    return {"logits_to_keep": width + 1} if _takes_logits_to_keep(type(model)) else {}
+
+
 def response_log_probs(forward: Callable, batch: Batch, temperature: float,
                        with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs of `responses` given everything before them; entropy (B, R) if asked."""
     responses = batch["responses"]
     width = responses.shape[1]
     out = forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                  position_ids=batch["position_ids"], use_cache=False)
+                  position_ids=batch["position_ids"], use_cache=False, **_logits_kwargs(forward, width))
     # Logits at position t predict token t + 1: the response's logits start one before it.
     logits = out.logits[:, -width - 1:-1].float() / temperature
     log_softmax = F.log_softmax(logits, dim=-1)

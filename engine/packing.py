@@ -41,25 +41,45 @@ def trim_padding(batch: Batch) -> Batch:
     return Batch(tensors, batch.columns, dict(batch.meta))
 
 
-def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int = 1) -> list[list[int]]:
-    """Row indices in groups whose padded size (rows x longest row) stays within `max_tokens`.
+def token_budget_groups(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, max_tokens: int,
+                        min_groups: int = 1) -> list[list[int]]:
+    """Row indices in micro-batches that waste the least compute on padding.
 
-    Rows are taken longest first, so each group holds rows of similar length. A row longer
-    than the budget gets a group of its own. At least `min_groups` groups are made (ranks of
-    a data-parallel group must run the same number of micro-batches), splitting the largest.
+    A micro-batch is computed at (rows x (its longest prompt + its longest response)) tokens,
+    since prompts are left-padded and responses right-padded, and each one costs a fixed
+    overhead, counted as one more row of the mini-batch's widest shape: splitting pays only
+    where it saves more padding than that. Rows are taken longest first (then longest prompt
+    first) and the order is cut
+    into consecutive groups by dynamic programming (the cheapest cut is exact for that order).
+    No group exceeds `max_tokens`, except a single row longer than it. At least `min_groups`
+    groups are made (ranks of a data-parallel group must run the same number of micro-batches),
+    splitting the largest.
     """
-    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    # Longest rows first; among equally long rows, longest prompts first (they pad alike).
+    by_prompt = torch.argsort(prompt_lengths, descending=True, stable=True)
+    totals = (prompt_lengths + response_lengths)[by_prompt]
+    order = by_prompt[torch.argsort(totals, descending=True, stable=True)]
+    prompts, responses = prompt_lengths[order].double(), response_lengths[order].double()
+    rows = len(order)
+    overhead = float((prompts.max() + responses.max()).clamp(min=1)) if rows else 0.0
+    best = torch.zeros(rows + 1, dtype=torch.float64)
+    cut = [0] * (rows + 1)  # cut[i]: where the last group of the best split of rows [0, i) starts
+    for i in range(1, rows + 1):
+        # Groups [j, i) for every j < i at once: widths from running maxima taken backwards.
+        widths = (prompts[:i].flip(0).cummax(0).values + responses[:i].flip(0).cummax(0).values).flip(0)
+        sizes = torch.arange(i, 0, -1, dtype=torch.float64)
+        padded = sizes * widths
+        cost = best[:i] + padded + overhead
+        cost[(padded > max_tokens) & (sizes > 1)] = float("inf")
+        j = int(torch.argmin(cost))
+        best[i], cut[i] = cost[j], j
     groups: list[list[int]] = []
-    for row in order:
-        if groups:
-            current = groups[-1]
-            longest = int(lengths[current[0]])
-            if (len(current) + 1) * longest <= max_tokens:
-                current.append(row)
-                continue
-        groups.append([row])
-    while len(groups) < min(min_groups, len(order)):
-        biggest = max(range(len(groups)), key=lambda i: len(groups[i]))
+    i = rows
+    while i > 0:
+        groups.insert(0, order[cut[i]:i].tolist())
+        i = cut[i]
+    while len(groups) < min(min_groups, rows):
+        biggest = max(range(len(groups)), key=lambda g: len(groups[g]))
         group = groups.pop(biggest)
         half = len(group) // 2
         groups[biggest:biggest] = [group[:half], group[half:]]
@@ -71,13 +91,14 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
     """A mini-batch's micro-batches: rows grouped by length within the token budget (default
     `micro_batch_size` x the longest sequence), shared padding cut. Every rank of a data-parallel
     group gets the same number of micro-batches, since ZeRO reduces gradients collectively."""
-    lengths = mini["attention_mask"].sum(-1)
+    responses = mini["response_mask"].sum(-1)
+    prompts = mini["attention_mask"].sum(-1) - responses
     budget = micro_batch_tokens or micro_batch_size * mini["attention_mask"].shape[1]
-    groups = token_budget_groups(lengths, budget)
+    groups = token_budget_groups(prompts, responses, budget)
     if world_size > 1:
         count = torch.tensor([len(groups)], device=device)
         torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        groups = token_budget_groups(lengths, budget, min_groups=int(count))
+        groups = token_budget_groups(prompts, responses, budget, min_groups=int(count))
     return [trim_padding(mini.index(rows)) for rows in groups]
 
 

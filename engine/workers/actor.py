@@ -99,7 +99,7 @@ class ActorWorker(Worker):
         """Sample `rollout.n` responses for each row's `prompt_ids` (see the module docstring)."""
         r = self.recipe.rollout
         seed = stream_seed(self.recipe.seed, "rollout", prompts.meta["step"], self.rank)
-        rng = torch.Generator().manual_seed(seed)
+        rng = torch.Generator(device=self.device).manual_seed(seed)
         greedy = bool(prompts.meta.get("greedy", False))
         params = SamplingParams(r.max_response_length, r.temperature, r.top_p, r.top_k, greedy=greedy)
         n = 1 if greedy else r.n  # greedy decoding gives one response per prompt (ReMax's baseline)

@@ -43,9 +43,24 @@ def test_trimmed_log_probs_equal_untrimmed(tiny_model):
     torch.testing.assert_close(trimmed[mask[:, :3]], full[mask], rtol=1e-5, atol=1e-5)
 
 
-def test_token_budget_groups():
-    lengths = torch.tensor([10, 3, 9, 4, 2, 30])
-    groups = token_budget_groups(lengths, max_tokens=20)
-    assert groups == [[5], [0, 2], [3, 1, 4]]  # 30 alone (over budget); 2 x 10; 3 x 4
-    assert sorted(i for g in groups for i in g) == list(range(6))
-    assert len(token_budget_groups(lengths, max_tokens=1000, min_groups=3)) == 3
+def test_token_budget_groups_respect_the_budget():
+    prompts = torch.full((6,), 2)
+    responses = torch.tensor([8, 1, 7, 2, 0, 28])  # rows of 10, 3, 9, 4, 2 and 30 tokens
+    groups = token_budget_groups(prompts, responses, max_tokens=20)
+    # 30 alone (over the budget); 2 rows x 10 columns; 3 rows x 4 columns. Cost with one widest
+    # row (30) per group: 30 + 20 + 12 + 3 x 30 = 152; splitting [3, 1, 4] further costs more.
+    assert groups == [[5], [0, 2], [3, 1, 4]]
+    assert len(token_budget_groups(prompts, responses, max_tokens=1000, min_groups=3)) == 3
+
+
+def test_token_budget_groups_split_only_where_it_saves_more_than_a_row():
+    prompts = torch.ones(6, dtype=torch.long)
+    # Widths 10, 10, 10, 2, 2, 2: one group pads to 6 x 10 + 10 = 70; two cost 30 + 6 + 2 x 10 = 56.
+    uneven = token_budget_groups(prompts, torch.tensor([9, 9, 9, 1, 1, 1]), max_tokens=1000)
+    assert uneven == [[0, 1, 2], [3, 4, 5]]
+    # Widths 10, 10, 10, 9, 9, 9: one group costs 70, two 30 + 27 + 20 = 77.
+    even = token_budget_groups(prompts, torch.tensor([9, 9, 9, 8, 8, 8]), max_tokens=1000)
+    assert even == [[0, 1, 2, 3, 4, 5]]
+    # A group's width is its longest prompt plus its longest response, not its longest row.
+    mixed = token_budget_groups(torch.tensor([8, 1, 8]), torch.tensor([1, 8, 1]), max_tokens=1000)
+    assert sorted(map(sorted, mixed)) == [[0, 2], [1]]  # 2 x 9 + 9 + 2 x 16 = 59 < 3 x 16 + 16 = 64

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import run_hflow, write_recipe
+from helpers import assert_same_adam_step, run_hflow, write_recipe
 from hflow.engine.batch import Batch
 from hflow.trainer.placement import build_worker_groups
 from hflow.trainer.recipe_load import build_recipe
@@ -81,10 +81,7 @@ def test_dp2_on_ray_equals_dp1_local(ray_cluster, tiny_model, tmp_path, zero_sta
         batch, tmp_path / "dp2")
     moved = max(float((one[k] - before[k]).abs().max()) for k in one)
     assert moved > 1e-4  # the update did something
-    for name in one:
-        # Adam's first step is ~lr * sign(grad): fp32 reduction-order noise in a near-zero
-        # gradient moves an element by ~1e-6, a thousandth of the update (lr = 1e-2).
-        torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-5, msg=name)
+    assert_same_adam_step(two, one, lr=0.01, close=1e-5)
     assert m2["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=1e-4)
 
 
@@ -178,7 +175,10 @@ def test_generation_uses_the_updated_weights(ray_cluster, tiny_model, tmp_path, 
 
     torch.set_num_threads(1)  # the workers run single-threaded: same arithmetic order
     model = load_causal_lm(str(tmp_path / "export"), torch.float32)
-    reference = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, recipe.rollout.batch_size)
+    # ZeRO-3's sharded parameters decode through transformers' forward, the others through the
+    # lean path: the reference takes the same path, so the arithmetic is the same.
+    reference = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, recipe.rollout.batch_size,
+                            fast=zero_stage != 3)
     params = SamplingParams(recipe.rollout.max_response_length, greedy=True)
     halves = [reference.generate(prompts["prompt_ids"][i:i + 2], 1, params) for i in (0, 2)]  # greedy: n = 1
     for key in ("responses", "rollout_log_probs"):
