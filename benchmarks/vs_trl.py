@@ -1,13 +1,17 @@
 """hflow's GRPO step throughput against TRL's GRPOTrainer, side by side in one process.
 
     pip install -e '.[bench]'            # TRL is a benchmark-only dependency
-    python benchmarks/vs_trl.py [--steps 8] [--size tiny|small] [--threads N] [--json]
+    python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--size tiny|small] [--threads N] [--json]
 
 Both train the same locally built model on the same prompts (the synthetic `digits` task)
 with matching settings: 16 prompts x n = 4 samples per step, responses up to 64 tokens,
 temperature 1, one optimizer step per RL step, no KL term (TRL's default beta = 0), fp32 on
 the CPU, the same torch thread count. The metric is the paper's: prompt + response tokens of
-the step's batch divided by the step's wall time, median over the steps after the warm-up.
+the step's batch divided by the step's wall time.
+
+The speed of a shared machine drifts over seconds, so the two alternate in rounds ordered
+hflow, TRL, TRL, hflow, ... (each round a fresh run); a framework's figure is the median over
+all its steps after each run's two warm-up steps, and every round's ratio is reported too.
 """
 
 from __future__ import annotations
@@ -41,11 +45,8 @@ def run_hflow(model_dir: str, steps: int, out: str) -> dict:
     grpo.train(recipe, run)
     run.close()
     events = run.events()[2:]
-    return {
-        "tokens_per_s": statistics.median(e["throughput/tokens_per_s"] for e in events),
-        "step_s": statistics.median(e["timing/step"] for e in events),
-        "reward_last": events[-1]["reward/mean"],
-    }
+    return {"tokens_per_s": [e["throughput/tokens_per_s"] for e in events],
+            "step_s": [e["timing/step"] for e in events]}
 
 
 def run_trl(model_dir: str, steps: int, out: str, threads: int) -> dict:
@@ -92,43 +93,55 @@ def run_trl(model_dir: str, steps: int, out: str, threads: int) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[clock])
     trainer.train()
-    per_step = [t / s for t, s in zip(tokens[2:], clock.times[2:])]
-    return {"tokens_per_s": statistics.median(per_step), "step_s": statistics.median(clock.times[2:])}
+    return {"tokens_per_s": [t / s for t, s in zip(tokens[2:], clock.times[2:])], "step_s": clock.times[2:]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12, help="steps per run (the first 2 are warm-up)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each framework, alternating")
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.steps < 3:
+        parser.error("--steps must be at least 3 (two warm-up steps are dropped)")
     threads = args.threads or torch.get_num_threads()
 
     from hflow.cli.quiet import quiet_libraries
     from hflow.engine.models import build_tiny_model
 
     quiet_libraries()
+    runs = {"hflow": run_hflow, "trl": lambda model, steps, out: run_trl(model, steps, out, threads)}
+    steps: dict[str, dict[str, list[float]]] = {name: {"tokens_per_s": [], "step_s": []} for name in runs}
+    rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(build_tiny_model(f"{tmp}/model", args.size))
-        torch.set_num_threads(threads)
-        hflow = run_hflow(model_dir, args.steps, f"{tmp}/hflow")
-        hflow["threads"] = torch.get_num_threads()
-        torch.set_num_threads(threads)  # accelerate may change it: both runs get the same
-        trl = run_trl(model_dir, args.steps, f"{tmp}/trl", threads)
-        trl["threads"] = torch.get_num_threads()
+        for i in range(args.rounds):
+            order = ["hflow", "trl"] if i % 2 == 0 else ["trl", "hflow"]
+            medians = {}
+            for name in order:
+                torch.set_num_threads(threads)  # accelerate may change it: every run gets the same
+                result = runs[name](model_dir, args.steps, f"{tmp}/{name}-{i}")
+                for key in steps[name]:
+                    steps[name][key] += result[key]
+                medians[name] = statistics.median(result["tokens_per_s"])
+            rounds.append({**medians, "ratio": medians["hflow"] / medians["trl"]})
+    summary = {name: {"tokens_per_s": statistics.median(v["tokens_per_s"]), "step_s": statistics.median(v["step_s"])}
+               for name, v in steps.items()}
     result = {"model": args.size, "threads": threads, "prompts_per_step": PROMPTS, "n": N,
-              "max_response_length": MAX_NEW, "hflow": hflow, "trl": trl,
-              "ratio": hflow["tokens_per_s"] / trl["tokens_per_s"]}
+              "max_response_length": MAX_NEW, "rounds": rounds, **summary,
+              "ratio": summary["hflow"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]}
     if args.json:
         print(json.dumps(result))
         return
-    print(f"model {args.size}, {PROMPTS} prompts x {N} samples, up to {MAX_NEW} new tokens, "
-          f"{result['threads']} threads")
-    print(f"{'':8}{'tokens/s':>10}{'s/step':>9}{'threads':>9}")
+    print(f"model {args.size}, {PROMPTS} prompts x {N} samples, up to {MAX_NEW} new tokens, {threads} threads, "
+          f"{args.rounds} rounds of {args.steps} steps")
+    for i, r in enumerate(rounds):
+        print(f"round {i + 1}: hflow {r['hflow']:.0f} tokens/s, TRL {r['trl']:.0f} tokens/s, ratio {r['ratio']:.2f}x")
+    print(f"{'median':8}{'tokens/s':>10}{'s/step':>9}")
     for name in ("hflow", "trl"):
-        r = result[name]
-        print(f"{name:8}{r['tokens_per_s']:>10.0f}{r['step_s']:>9.2f}{r['threads']:>9}")
+        print(f"{name:8}{result[name]['tokens_per_s']:>10.0f}{result[name]['step_s']:>9.3f}")
     print(f"ratio hflow / TRL: {result['ratio']:.2f}x")
 
 
