@@ -130,6 +130,10 @@ def check_runtime(recipe: Recipe, origin: str) -> None:
     if problem:
         raise UserError(f"{origin}: rollout.engine is 'vllm' but {problem}; install it with "
                         "pip install 'hflow[vllm]' and run on a CUDA GPU, or set rollout.engine: hf")
+    if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        # vLLM's sleep-mode allocator (device_allocator/cumem.py) asserts this at start-up.
+        raise UserError(f"{origin}: rollout.engine is 'vllm' but PYTORCH_CUDA_ALLOC_CONF sets "
+                        "expandable_segments:True, which vLLM's sleep mode cannot run with; unset it")
 
 
 def dump_recipe(recipe: Recipe) -> str:

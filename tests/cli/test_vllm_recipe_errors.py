@@ -67,3 +67,17 @@ def test_tensor_parallel_size_must_divide_the_actor_ranks(tiny_model):
         _check_divisible(recipe, groups)
     groups = types.SimpleNamespace(items=lambda: [("actor", types.SimpleNamespace(world_size=4))])
     _check_divisible(recipe, groups)
+
+
+def test_expandable_segments_conflict_with_sleep_mode(tiny_model, monkeypatch):
+    import hflow.engine.vllm_engine as vllm_engine
+    from hflow.trainer.recipe_load import check_runtime
+
+    recipe = build_recipe({"model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits"},
+                           "rollout": {"engine": "vllm"}}, {}, "r.yaml")
+    monkeypatch.setattr(vllm_engine, "unavailable_reason", lambda: None)  # as on a GPU machine with vLLM
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    with pytest.raises(UserError, match=r"r.yaml: rollout.engine is 'vllm' but PYTORCH_CUDA_ALLOC_CONF"):
+        check_runtime(recipe, "r.yaml")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    check_runtime(recipe, "r.yaml")
