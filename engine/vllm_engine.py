@@ -48,7 +48,7 @@ came in 0.10.0 and its final "processed" values in 0.10.2, hence `vllm>=0.10.2`:
   LLM.sleep(level=2), LLM.wake_up(tags=[...]), LLM.apply_model(fn) -> [fn(model)]
   model.load_weights(iterable of (HF name, tensor)): each loader keeps its TP slice
   SamplingParams(n, temperature, top_p, top_k, max_tokens, logprobs, seed, stop_token_ids,
-      detokenize); vllm.inputs.TokensPrompt(prompt_token_ids=...)
+      detokenize); prompts as TokensPrompt dicts {"prompt_token_ids": [...]}
   environment: VLLM_ENABLE_V1_MULTIPROCESSING=0 (the external launcher asserts it), RANK,
       LOCAL_RANK (vLLM uses cuda:LOCAL_RANK), MASTER_ADDR/PORT (an existing group is reused)
 This module was never run against a real vLLM here (no GPU, vLLM not installable): the
@@ -174,10 +174,10 @@ class VLLMGenerator:
         group_prompts = [p for share, _ in shares for p in share]
         group_seeds = [s for _, share in shares for s in share]
         start = sum(len(share) for share, _ in shares[:self.tp_rank])
-        from vllm.inputs import TokensPrompt
-
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in group_prompts],
-                                    [self._sampling(n, params, s) for s in group_seeds], use_tqdm=False)
+        # vllm.inputs.TokensPrompt is a TypedDict, i.e. this plain dict at run time (its import path
+        # moved between versions; the dict did not).
+        requests = [{"prompt_token_ids": p} for p in group_prompts]
+        outputs = self.llm.generate(requests, [self._sampling(n, params, s) for s in group_seeds], use_tqdm=False)
         if len(outputs) != len(group_prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(group_prompts)} prompts")
         rows_prompt, rows_tokens, rows_logp = [], [], []

@@ -87,11 +87,7 @@ def fake_vllm(monkeypatch):
     module = types.ModuleType("vllm")
     module.LLM = FakeLLM
     module.SamplingParams = FakeSamplingParams
-    inputs = types.ModuleType("vllm.inputs")
-    inputs.TokensPrompt = dict
-    module.inputs = inputs
     monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     FakeLLM.instances.clear()
     return module
