@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from hflow.trainer.recipe_load import load_recipe
+from hflow.trainer.recipe_load import check_runtime, load_recipe
 
 
 class What(str, Enum):
@@ -32,7 +32,8 @@ def bench(
     from hflow.trainer import bench as measure
 
     quiet_libraries()
-    loaded, _ = load_recipe(recipe, set_)
+    loaded, path = load_recipe(recipe, set_)
+    check_runtime(loaded, str(path))
     if loaded.model.init:
         from pathlib import Path
 

@@ -12,7 +12,7 @@ import typer
 from hflow.engine.worker import WorkerError
 from hflow.errors import UserError
 from hflow.trainer.recipe import Recipe
-from hflow.trainer.recipe_load import build_recipe, load_recipe, parse_overrides, read_yaml
+from hflow.trainer.recipe_load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
 
 # What --set may change on --resume: keys that do not alter the run's math.
 RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.")
@@ -39,10 +39,13 @@ def train(
     quiet_libraries()
     if resume is not None:
         loaded = _resume_recipe(resume, set_)
+        origin = str(resume / "recipe.yaml")
     elif recipe is None:
         raise UserError("train: give a RECIPE (a file or a shipped name such as grpo/quickstart) or --resume RUN_DIR")
     else:
-        loaded, _ = load_recipe(recipe, set_)
+        loaded, path = load_recipe(recipe, set_)
+        origin = str(path)
+    check_runtime(loaded, origin)
     algorithm = trainer_for(loaded.algorithm)
     if loaded.model.init and not Path(loaded.model.path).exists():
         build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)

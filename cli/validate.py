@@ -6,13 +6,15 @@ from typing import Annotated
 
 import typer
 
-from hflow.trainer.recipe_load import load_recipe
+from hflow.trainer.recipe_load import check_runtime, load_recipe
 
 
 def validate(
     recipe: Annotated[str, typer.Argument(help="Recipe file, or a shipped recipe name like grpo/quickstart.")],
     set_: Annotated[list[str], typer.Option("--set", help="Override a key: --set trainer.total_steps=20.")] = [],
 ) -> None:
-    """Check RECIPE (keys, types, values) and print 'ok' with its algorithm and model."""
+    """Check RECIPE (keys, types, values, and that this machine can run its generation engine) and
+    print 'ok' with its algorithm and model."""
     loaded, path = load_recipe(recipe, set_)
+    check_runtime(loaded, str(path))
     typer.echo(f"ok: {path} ({loaded.algorithm}, model {loaded.model.path})")

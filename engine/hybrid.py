@@ -1,11 +1,18 @@
 """The actor's hybrid engine: one set of weights, two phases (HybridFlow Section 5).
 
-Training (DeepSpeed ZeRO) and rollout (the `hf` generator) share the module, so switching
+With the `hf` engine, training (DeepSpeed ZeRO) and rollout share the module, so switching
 phase moves no weights: entering rollout drops the gradients and puts the module in eval
 mode; entering training puts it back. On a GPU both switches also return the allocator's
 cached blocks (the KV cache after rollout, activation buffers after training), so the other
 phase can use that memory. Under ZeRO-3 the parameters stay sharded in both phases and each
 layer is gathered only while a forward pass runs through it.
+
+With the `vllm` engine (`rollout_engine` below) vLLM holds its own copy of the weights, in its
+own layout, only while generating. Entering rollout first moves the optimizer's training
+state off the GPU (`TrainEngine.offload_states`: what DeepSpeed can offload for the stage),
+then wakes vLLM and streams the current weights into it in buckets (`weight_sync.py`);
+entering training puts vLLM to sleep (its weights and KV cache are freed) and brings the
+training state back.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from hflow.engine.weight_sync import SyncStats, stream_weights
 
 
 def resident_bytes() -> int:
@@ -32,10 +41,19 @@ def tensor_bytes(tensors) -> int:
 
 
 class PhaseSwitch:
-    def __init__(self, train_engine, device: torch.device):
+    """`rollout_engine`, when given, keeps its own weights (`VLLMGenerator`): it gets them through
+    `load_weights(stream)` on the way to rollout and gives its memory back in `release()`."""
+
+    def __init__(self, train_engine, device: torch.device, rollout_engine=None, bucket_bytes: int = 512 << 20,
+                 dtype: torch.dtype | None = None):
         self.train_engine = train_engine
         self.device = device
         self.phase = "train"
+        self.rollout_engine = rollout_engine
+        self.bucket_bytes = bucket_bytes
+        self.dtype = dtype
+        self.last_sync: SyncStats | None = None
+        self.offloaded: list[str] = []
 
     def _memory(self) -> int:
         if self.device.type == "cuda":
@@ -50,15 +68,28 @@ class PhaseSwitch:
         for p in module.parameters():
             p.grad = None  # ZeRO keeps its own gradient partitions; these are stale views
         module.eval()
+        if self.rollout_engine is not None:
+            self.offloaded = self.train_engine.offload_states()  # before vLLM claims the memory
+            self.last_sync = self.rollout_engine.load_weights(self._stream)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.phase = "rollout"
         return time.perf_counter() - start
 
+    def _stream(self, consumer) -> SyncStats:
+        module = self.train_engine.module
+        dtype = self.dtype or next(module.parameters()).dtype
+        zero3 = self.train_engine.cfg.zero_stage == 3
+        return stream_weights(module, consumer, self.bucket_bytes, dtype, zero3=zero3)
+
     def to_train(self) -> float:
         if self.phase == "train":
             return 0.0
         start = time.perf_counter()
+        if self.rollout_engine is not None:
+            self.rollout_engine.release()
+            self.train_engine.reload_states()
+            self.offloaded = []
         self.train_engine.module.train()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -102,6 +102,39 @@ class TrainEngine:
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
+    # --- rollout: give the GPU memory of the training state to the generation engine ----------
+
+    def offload_states(self) -> list[str]:
+        """Move what training alone needs to CPU memory (GPU only); returns what was moved.
+
+        DeepSpeed 0.19.8's `engine.offload_states` (runtime/engine.py) supports ZeRO-1/2
+        (stage_1_and_2.py: any torch optimizer's states, the fp32 master partitions, the gradient
+        partitions) and ZeRO-3 (stage3.py: gradients and the gradient bucket; its optimizer-state
+        and master-weight offload asserts DeepSpeed's own FusedAdam, while hflow builds torch's
+        AdamW so that the same engine runs on CPU). Stage 0 (and any DeepSpeed optimizer wrapper
+        without `offload_states`, such as BF16_Optimizer) keeps its states on the GPU.
+        The bf16 weights stay on the GPU in every stage: the weight sync reads them.
+        """
+        from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as State
+
+        if not self._can_offload():
+            return []
+        if self.cfg.zero_stage == 3:
+            include = [State.lp_grads, State.contiguous_grad_buffer]
+        else:
+            include = [State.optim_states, State.hp_params, State.lp_grads]
+        self.engine.offload_states(include=include)
+        return [state.value for state in include]
+
+    def reload_states(self) -> None:
+        """Undo `offload_states` (a no-op when nothing was moved)."""
+        if self._can_offload():
+            self.engine.reload_states()
+
+    def _can_offload(self) -> bool:
+        return (self.cfg.zero_stage != 0 and self.engine.device.type == "cuda"
+                and hasattr(self.engine.optimizer, "offload_states"))
+
     # --- checkpoints -----------------------------------------------------------------
 
     def _named_params(self):

@@ -190,14 +190,38 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["hf"] = Field("hf", description="Generation engine: `hf` (transformers, CPU and GPU).")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Generation engine: `hf` (transformers, on the training module itself; CPU and GPU) or "
+        "`vllm` (vLLM inside the actor's ranks, sharing the GPU with training through sleep/wake; CUDA GPUs "
+        "only, `pip install 'hflow[vllm]'`; needs `actor.recompute_old_log_probs: true`).",
+    )
     n: int = Field(4, ge=1, description="Responses sampled per prompt (GRPO's group size).")
     max_response_length: int = Field(64, gt=0, description="Most new tokens per response.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs use the same.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens; 0 keeps all.")
     batch_size: int = Field(
-        64, gt=0, description="Sequences generated together in one decoding batch."
+        64, gt=0, description="Sequences generated together in one decoding batch (vllm: its max_num_seqs)."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1,
+        description="vllm: GPUs that share one generation replica (tensor parallelism). Groups of this many "
+        "consecutive actor ranks generate their prompts together; it must divide the actor's rank count.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1,
+        description="vllm: share of each GPU's total memory that vLLM may hold while generating (its weights, "
+        "activations and KV cache). It sleeps during training; what the training engine keeps on the GPU "
+        "during rollout (its bf16 weights at least) must fit in the rest.",
+    )
+    weight_bucket_mb: int = Field(
+        512, gt=0,
+        description="vllm: the actor's weights go to vLLM in buckets of at most this many MiB (a larger "
+        "tensor goes alone); under ZeRO-3 only one bucket is gathered at a time.",
+    )
+    enforce_eager: bool = Field(
+        False, description="vllm: run without CUDA graphs (slower decoding, faster start, less memory)."
     )
 
 
@@ -378,6 +402,24 @@ class Recipe(BaseSettings):
                              "or cost.function (e.g. synthetic_cost)")
         if self.ppo.ptx_coef > 0 and not self.ppo.ptx_data:
             raise ValueError("ppo.ptx_coef > 0 needs ppo.ptx_data (a .jsonl or .parquet file with a text column)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_rollout_engine(self) -> "Recipe":
+        """Combinations the generation engines cannot run (the environment is checked at start-up:
+        `recipe_load.check_runtime`)."""
+        r = self.rollout
+        if r.engine == "hf":
+            if r.tensor_parallel_size > 1:
+                raise ValueError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} needs rollout.engine: vllm "
+                                 "(the hf engine generates on each rank's own copy of the model); set it to 1")
+            return self
+        if not self.actor.recompute_old_log_probs:
+            raise ValueError("rollout.engine vllm needs actor.recompute_old_log_probs: true (vLLM reports no "
+                             "per-token entropy, and its log-probs come from different kernels than training's)")
+        if self.trainer.device == "cpu":
+            raise ValueError("rollout.engine vllm runs on CUDA GPUs only but trainer.device is 'cpu'; "
+                             "use rollout.engine: hf or trainer.device: auto")
         return self
 
     def role_models(self) -> dict[str, str]:

@@ -119,6 +119,23 @@ def load_recipe(spec: str, overrides: Iterable[str] = ()) -> tuple[Recipe, Path]
     return recipe, path
 
 
+def check_runtime(recipe: Recipe, origin: str) -> None:
+    """What the schema cannot see: whether this machine can run the recipe's generation engine.
+    `hflow validate` and the start of `hflow train` call it; `origin` names the file in errors."""
+    if recipe.rollout.engine != "vllm":
+        return
+    from hflow.engine.vllm_engine import unavailable_reason
+
+    problem = unavailable_reason()
+    if problem:
+        raise UserError(f"{origin}: rollout.engine is 'vllm' but {problem}; install it with "
+                        "pip install 'hflow[vllm]' and run on a CUDA GPU, or set rollout.engine: hf")
+    if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        # vLLM's sleep-mode allocator (device_allocator/cumem.py) asserts this at start-up.
+        raise UserError(f"{origin}: rollout.engine is 'vllm' but PYTORCH_CUDA_ALLOC_CONF sets "
+                        "expandable_segments:True, which vLLM's sleep mode cannot run with; unset it")
+
+
 def dump_recipe(recipe: Recipe) -> str:
     """The fully resolved recipe as YAML (what a run directory keeps)."""
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -171,9 +171,14 @@ class Session:
 
 
 def _check_divisible(recipe: Recipe, groups: WorkerGroups) -> None:
-    """Batches split evenly over each group's data-parallel ranks, or the run does not start."""
+    """Batches split evenly over each group's data-parallel ranks, and the actor's ranks split into
+    whole generation (tensor-parallel) groups, or the run does not start."""
     for role, group in groups.items():
         world = group.world_size
+        tp = recipe.rollout.tensor_parallel_size
+        if role == "actor" and world % tp:
+            raise UserError(f"rollout.tensor_parallel_size={tp} does not divide the {world} ranks of the actor "
+                            f"group; use a divisor of {world} or give the actor a multiple of {tp} devices")
         sizes = [("trainer.prompts_per_step", recipe.trainer.prompts_per_step),
                  ("actor.mini_batch_size", recipe.mini_batch_size)]
         if role in ("critic", "cost_critic"):

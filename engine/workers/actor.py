@@ -1,8 +1,10 @@
-"""The actor worker: DeepSpeed ZeRO training and `hf` generation on the same module.
+"""The actor worker: DeepSpeed ZeRO training, and generation with the `hf` or `vllm` engine.
 
-Generation runs on the training engine's own module, so no second copy of the weights
-exists on the device (the hybrid engine's starting point; ZeRO-3 gathers parameters
-for the duration of generation).
+With `hf`, generation runs on the training engine's own module, so no second copy of the
+weights exists on the device (the hybrid engine's starting point; ZeRO-3 gathers parameters
+for the duration of generation). With `vllm`, a sleeping vLLM engine in this same process
+receives the weights in buckets when rollout starts and frees them when it ends
+(`hybrid.PhaseSwitch`, `vllm_engine.py`).
 
 Rollout Batch produced by `generate_sequences` (N = prompts x n, P + R columns):
   input_ids, attention_mask, position_ids   (N, P + R)
@@ -53,6 +55,14 @@ class ActorWorker(Worker):
             from safetensors.torch import load_file
 
             model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"), strict=False)
+        tokenizer = load_tokenizer(r.model.path, r.model.trust_remote_code)
+        eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        rollout_engine = None
+        if r.rollout.engine == "vllm":
+            # Before DeepSpeed allocates anything: vLLM sizes its KV cache from the free memory it
+            # sees at start-up, then sleeps and gives it all back until the first rollout.
+            rollout_engine = self._create_vllm(dtype, eos, tokenizer.pad_token_id)
         model.to(device=self.device, dtype=dtype)
         if r.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -63,15 +73,30 @@ class ActorWorker(Worker):
         )
         if checkpoint:
             self.train_engine.load(Path(checkpoint))
-        self.phases = PhaseSwitch(self.train_engine, self.device)
-        tokenizer = load_tokenizer(r.model.path, r.model.trust_remote_code)
-        eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+        self.phases = PhaseSwitch(self.train_engine, self.device, rollout_engine,
+                                  bucket_bytes=r.rollout.weight_bucket_mb << 20, dtype=dtype)
+        if rollout_engine is not None:
+            self.generator = rollout_engine
+            return
         # The generator runs on the training module itself: no second copy of the weights. Under
         # ZeRO-3, DeepSpeed's hooks gather each layer's parameters as the forward reaches it and
         # release them after, so at most a bucket of gathered parameters exists at a time.
         self.generator = HFGenerator(
-            self.train_engine.module, eos if isinstance(eos, list) else [eos],
-            tokenizer.pad_token_id, r.rollout.batch_size, sync_done=self._sync_done(),
+            self.train_engine.module, eos, tokenizer.pad_token_id, r.rollout.batch_size,
+            sync_done=self._sync_done(),
+        )
+
+    def _create_vllm(self, dtype: torch.dtype, eos: list[int], pad_token_id: int):
+        from hflow.engine.vllm_engine import VLLMGenerator
+
+        r = self.recipe
+        return VLLMGenerator.create(
+            r.model.path, dtype=dtype, eos_token_ids=eos, pad_token_id=pad_token_id,
+            max_model_len=r.data.max_prompt_length + r.rollout.max_response_length,
+            batch_size=r.rollout.batch_size, tensor_parallel_size=r.rollout.tensor_parallel_size,
+            gpu_memory_utilization=r.rollout.gpu_memory_utilization, enforce_eager=r.rollout.enforce_eager,
+            trust_remote_code=r.model.trust_remote_code, seed=r.seed, rank=self.rank,
+            world_size=self.world_size, device=self.device,
         )
 
     def _sync_done(self):
@@ -103,7 +128,7 @@ class ActorWorker(Worker):
         greedy = bool(prompts.meta.get("greedy", False))
         params = SamplingParams(r.max_response_length, r.temperature, r.top_p, r.top_k, greedy=greedy)
         n = 1 if greedy else r.n  # greedy decoding gives one response per prompt (ReMax's baseline)
-        self.phases.to_rollout()
+        self.phases.to_rollout()  # vllm: offload the training state, sync the weights, wake the KV cache
         out = self.generator.generate(prompts["prompt_ids"], n, params, rng)
         if self.world_size > 1:
             out = self._agree_on_widths(out)
@@ -123,9 +148,17 @@ class ActorWorker(Worker):
     @register(Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """The current (pre-update) policy's log-probs of the responses, and its entropy."""
+        if self.phases.rollout_engine is not None:
+            # Rollout is over: vLLM's memory goes back before this forward and the colocated roles.
+            self.phases.to_train()
         model = self.train_engine.module
-        log_probs, entropy = batched_log_probs(model, batch.to(self.device), self.recipe.rollout.temperature,
-                                               self.recipe.actor.micro_batch_size, with_entropy=True)
+        was_training = model.training
+        model.eval()  # score as the rollout sampled: no dropout
+        try:
+            log_probs, entropy = batched_log_probs(model, batch.to(self.device), self.recipe.rollout.temperature,
+                                                   self.recipe.actor.micro_batch_size, with_entropy=True)
+        finally:
+            model.train(was_training)
         return Batch({"old_log_probs": log_probs.cpu(), "entropy": entropy.cpu()})
 
     @register(Dispatch.DP_COMPUTE)

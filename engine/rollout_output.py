@@ -1,0 +1,62 @@
+"""The rollout dict every generation engine returns, built in one place.
+
+Rows are grouped by prompt (prompt 0's n samples, then prompt 1's, ...). Shapes (N rows,
+P = longest prompt, R = longest response, at least 1):
+  input_ids, attention_mask, position_ids   (N, P + R)  prompt left-padded, response right-padded
+  responses, response_mask                  (N, R)      padding is `pad_token_id` / 0
+  any per-token float column given          (N, R)      zero past each response's end
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hflow.engine.generation import positions
+
+
+def pad_rows(rows: list[list], fill: float | int, dtype: torch.dtype) -> torch.Tensor:
+    """Ragged rows right-padded with `fill` into one (len(rows), max(1, longest)) tensor."""
+    width = max([1, *map(len, rows)])
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for row, values in enumerate(rows):
+        if values:
+            out[row, :len(values)] = torch.as_tensor(values, dtype=dtype)
+    return out
+
+
+def assemble_rollout(prompts: list[list[int]], responses: torch.Tensor, lengths: torch.Tensor,
+                     pad_token_id: int, **per_token: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The rollout dict for N rows.
+
+    prompts: N prompt token lists (one per row, already repeated per sample);
+    responses: (N, >= R) sampled token ids, the first `lengths[i]` of row i valid;
+    lengths: (N,) response lengths; per_token: name -> (N, >= R) float tensors such as
+    `rollout_log_probs`, cut to R columns and zeroed past each response's end.
+    """
+    width_r = max(1, int(lengths.max())) if len(lengths) else 1
+    response_mask = (torch.arange(width_r)[None] < lengths[:, None]).long()
+    responses = _fit(responses.long(), width_r, pad_token_id).masked_fill(response_mask == 0, pad_token_id)
+    width_p = max(len(p) for p in prompts)
+    prompt_ids = torch.full((len(prompts), width_p), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros_like(prompt_ids)
+    for row, p in enumerate(prompts):
+        prompt_ids[row, width_p - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        prompt_mask[row, width_p - len(p):] = 1
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    out = {
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": positions(attention_mask),
+        "responses": responses,
+        "response_mask": response_mask,
+    }
+    for name, values in per_token.items():
+        out[name] = _fit(values.float(), width_r, 0.0) * response_mask
+    return out
+
+
+def _fit(t: torch.Tensor, width: int, fill: float | int) -> torch.Tensor:
+    """`t` cut or right-padded to `width` columns."""
+    if t.shape[1] >= width:
+        return t[:, :width].clone()
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)

@@ -1,0 +1,106 @@
+"""Weight sync of the hybrid engine: the actor's training parameters, streamed in buckets.
+
+The training engine (DeepSpeed ZeRO) owns the weights; a separate generation engine (vLLM)
+needs a copy of them in its own layout after every update. `stream_weights` hands them over
+bucket by bucket, so the extra memory at any moment is one bucket, never a second state dict:
+
+- buckets hold whole tensors, at most `bucket_bytes` each (counted in the generation dtype);
+  a tensor larger than that goes alone;
+- names are Hugging Face parameter names (`model.layers.0.self_attn.q_proj.weight`), in
+  `named_parameters()` order, which is the same on every rank;
+- under ZeRO-3 each bucket's parameters are gathered with
+  `deepspeed.zero.GatheredParameters` (a collective: every rank enters with the same bucket
+  in the same order) and partitioned again as soon as the consumer returns;
+- each tensor is cast to the generation dtype inside its bucket.
+
+The consumer gets a list of (name, tensor). The tensors are only valid during the call (they
+can be the live training parameters or gathered buffers that are freed right after): it must
+copy what it keeps and must not modify them.
+
+Parallel layouts (HybridFlow, Sheng et al. 2025, arXiv 2409.19256, Section 5). The paper
+trains with Megatron 3D parallelism (pipeline p, tensor t, data d) and generates with a
+smaller model-parallel size (pg, tg). It splits each training model-parallel group into
+micro data-parallel groups of size (p*t)/(pg*tg), arranged so that every rank's training
+shard is a part of its generation shard: switching phase is an all-gather inside the micro-DP
+group only, and no rank ever holds weights it does not use (zero redundancy). hflow trains with
+ZeRO data parallelism instead (p = t = 1: a rank's shard is a flat slice of every tensor, not
+a tensor-parallel slice), so no grouping can make training shards line up with vLLM's
+tensor-parallel shards. What hflow does: every rank rebuilds whole tensors one bucket at a
+time (ZeRO-0/1/2: its own full bf16/fp32 copy; ZeRO-3: an all-gather over the actor group)
+and vLLM's weight loaders keep the rank's tensor-parallel slice of each. The price is one
+transient full bucket per rank, bounded by `rollout.weight_bucket_mb`; what stays resident is
+vLLM's own shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+Consumer = Callable[[list[tuple[str, torch.Tensor]]], None]
+
+
+@dataclass
+class SyncStats:
+    buckets: int = 0
+    tensors: int = 0
+    bytes: int = 0
+    largest_bucket_bytes: int = 0
+    seconds: float = 0.0
+
+
+def full_numel(param: torch.nn.Parameter) -> int:
+    """Elements of the whole tensor (a ZeRO-3 partitioned parameter is empty until gathered)."""
+    return int(getattr(param, "ds_numel", param.numel()))
+
+
+def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Consecutive index groups whose sizes sum to at most `bucket_bytes`; a larger item alone."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i, size in enumerate(sizes):
+        if current and filled + size > bucket_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+        current.append(i)
+        filled += size
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def stream_weights(module: torch.nn.Module, consumer: Consumer, bucket_bytes: int, dtype: torch.dtype,
+                   zero3: bool = False) -> SyncStats:
+    """Call `consumer` with every parameter of `module`, bucket by bucket (see the module docstring).
+    With `zero3`, every rank of the group must call this at the same time."""
+    start = time.perf_counter()
+    named = list(module.named_parameters())
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    sizes = [full_numel(p) * itemsize for _, p in named]
+    stats = SyncStats()
+    for bucket in plan_buckets(sizes, bucket_bytes):
+        params = [named[i][1] for i in bucket]
+        with _gathered(params, zero3), torch.no_grad():
+            consumer([(named[i][0], named[i][1].data.to(dtype)) for i in bucket])
+        size = sum(sizes[i] for i in bucket)
+        stats.buckets += 1
+        stats.tensors += len(bucket)
+        stats.bytes += size
+        stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def _gathered(params: list[torch.nn.Parameter], zero3: bool):
+    """Whole tensors for the duration of the block: a collective all-gather under ZeRO-3 (read-only:
+    nothing is written back), nothing to do below it."""
+    if not zero3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
