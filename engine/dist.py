@@ -46,7 +46,12 @@ def ensure_process_group(device: torch.device, rank: int = 0, world_size: int = 
         # A group of one needs no shared rendezvous: always take a fresh local port, so an
         # inherited MASTER_PORT (a parent process's group) cannot collide with ours.
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    # DeepSpeed puts its engine on cuda:LOCAL_RANK. A Ray rank sees only its own GPU (index 0),
+    # so the local rank is the device's index in this process, not the global rank.
+    local = rank
+    if device.type == "cuda":
+        local = device.index if device.index is not None else torch.cuda.current_device()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local))
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from hflow.engine.fast_decode import FastDecoder, supports
+from hflow.engine.rollout_output import assemble_rollout, positions
 
 
 @dataclass
@@ -53,11 +54,6 @@ def sample(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     device = generator.device if generator is not None else logits.device
     uniform = torch.rand(logits.shape, generator=generator, device=device).to(logits.device)
     return (logits - uniform.log_().neg_().log_()).argmax(-1)
-
-
-def positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids for a left-padded attention mask (padding gets position 0)."""
-    return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 class ForwardDecoder:
@@ -206,35 +202,6 @@ class HFGenerator:
 
     def _assemble(self, parts) -> dict[str, torch.Tensor]:
         prompts = [p for part in parts for p in part[0]]
-        lengths = torch.cat([part[3] for part in parts])
-        entropy = torch.zeros(len(lengths), max(1, int(lengths.max())))
-        width_p = max(len(p) for p in prompts)
-        width_r = max(1, int(lengths.max()))
-        rows = len(prompts)
-        responses = torch.full((rows, width_r), self.pad, dtype=torch.long)
-        log_probs = torch.zeros(rows, width_r)
-        offset = 0
-        for _, tokens, logps, _, entropies in parts:
-            k = min(width_r, tokens.shape[1])
-            responses[offset:offset + len(tokens), :k] = tokens[:, :k]
-            log_probs[offset:offset + len(tokens), :k] = logps[:, :k]
-            entropy[offset:offset + len(tokens), :k] = entropies[:, :k]
-            offset += len(tokens)
-        response_mask = (torch.arange(width_r)[None] < lengths[:, None]).long()
-        responses = responses.masked_fill(response_mask == 0, self.pad)
-        log_probs = log_probs * response_mask
-        prompt_ids = torch.full((rows, width_p), self.pad, dtype=torch.long)
-        prompt_mask = torch.zeros_like(prompt_ids)
-        for row, p in enumerate(prompts):
-            prompt_ids[row, width_p - len(p):] = torch.tensor(p)
-            prompt_mask[row, width_p - len(p):] = 1
-        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-        return {
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": positions(attention_mask),
-            "responses": responses,
-            "response_mask": response_mask,
-            "rollout_log_probs": log_probs,
-            "rollout_entropy": entropy * response_mask,
-        }
+        tokens, logps, lengths, entropies = (torch.cat([part[k] for part in parts]) for k in (1, 2, 3, 4))
+        return assemble_rollout(prompts, tokens, lengths, self.pad, rollout_log_probs=logps,
+                                rollout_entropy=entropies)

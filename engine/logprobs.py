@@ -62,7 +62,7 @@ def ptx_loss(forward: Callable, batch: Batch, rows: int) -> torch.Tensor:
     """Pretraining (PTX) loss: next-token NLL of `ptx_input_ids` under `ptx_attention_mask` (B, L),
     right-padded. Each row's token-mean NLL, summed over the rows and divided by `rows` (the
     mini-batch's rows on this rank), so that micro-batch shares add up to the mini-batch mean."""
-    from hflow.engine.generation import positions
+    from hflow.engine.rollout_output import positions
 
     ids, mask = batch["ptx_input_ids"], batch["ptx_attention_mask"]
     out = forward(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from hflow.engine.generation import positions
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids for a left-padded attention mask (padding gets position 0)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def pad_rows(rows: list[list], fill: float | int, dtype: torch.dtype) -> torch.Tensor:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hflow.engine.generation import positions
+from hflow.engine.rollout_output import positions
 from hflow.engine.models import TINY_CHARS, build_tiny_score_model
 from hflow.errors import UserError
 from hflow.trainer import tasks

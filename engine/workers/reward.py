@@ -15,7 +15,7 @@ import torch
 
 from hflow.engine.batch import Batch
 from hflow.engine.dispatch import Dispatch, register
-from hflow.engine.generation import positions
+from hflow.engine.rollout_output import positions
 from hflow.engine.models import load_tokenizer, resolve_dtype
 from hflow.engine.score_model import last_token_scores, load_score_model
 from hflow.engine.worker import Worker
