@@ -80,6 +80,10 @@ class FastDecoder:
         probe = torch.zeros(1, 1, config.hidden_size, dtype=dtype, device=device)
         cos, sin = inner.rotary_emb(probe, torch.arange(capacity, device=device)[None])
         self.cos, self.sin = cos[0], sin[0]  # (capacity, head_dim)
+        # The layers' own parameters (references, not copies), read once instead of through
+        # module attribute lookups and calls at every step.
+        self.weights = [LayerWeights(layer) for layer in self.layers]
+        self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these rows (finished sequences leave the batch)."""
@@ -88,13 +92,14 @@ class FastDecoder:
         self.attend = self.attend[rows]
         self.next_position = self.next_position[rows]
 
-    def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dtype == torch.float32:
-            return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+            return F.rms_norm(x, weight.shape, weight, eps)
         # As transformers' RMSNorm: normalise in float32, scale in the input dtype.
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
-        return module.weight * x32.to(x.dtype)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x32.to(x.dtype)
 
     def _attention(self, q: torch.Tensor, i: int, end: int, scale: float) -> torch.Tensor:
         """q (B, kv_heads, group, head_dim) against the cache's first `end` columns."""
@@ -110,27 +115,39 @@ class FastDecoder:
         """Logits (B, vocab) after appending `tokens` (B,) to every row."""
         batch = tokens.shape[0]
         slot = self.length
-        inner = self.model.model
-        h = inner.embed_tokens(tokens[:, None])
+        h = self.model.model.embed_tokens(tokens[:, None])
         cos = self.cos[self.next_position][:, None, None, :]
         sin = self.sin[self.next_position][:, None, None, :]
         group, kv_heads, head_dim = self.group, self.kv_heads, self.head_dim
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = self._norm(layer.input_layernorm, h)
-            q = attn.q_proj(x).view(batch, kv_heads, group, head_dim)
-            k = attn.k_proj(x).view(batch, kv_heads, 1, head_dim)
+        for i, w in enumerate(self.weights):
+            x = self._norm(h, w.input_norm, w.eps)
+            q = F.linear(x, w.q, w.q_bias).view(batch, kv_heads, group, head_dim)
+            k = F.linear(x, w.k, w.k_bias).view(batch, kv_heads, 1, head_dim)
             # One rotary pass over the query heads and the key together.
             qk = torch.cat((q, k), dim=2)
             qk = qk * cos + rotate_half(qk) * sin
             self.keys[i][:, :, slot:slot + 1] = qk[:, :, group:]
-            self.values[i][:, :, slot:slot + 1] = attn.v_proj(x).view(batch, kv_heads, 1, head_dim)
-            out = self._attention(qk[:, :, :group], i, slot + 1, attn.scaling)
-            h = h + attn.o_proj(out.reshape(batch, 1, -1))
-            x = self._norm(layer.post_attention_layernorm, h)
-            mlp = layer.mlp
-            h = h + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+            self.values[i][:, :, slot:slot + 1] = F.linear(x, w.v, w.v_bias).view(batch, kv_heads, 1, head_dim)
+            out = self._attention(qk[:, :, :group], i, slot + 1, w.scale)
+            h = h + F.linear(out.reshape(batch, 1, -1), w.o, w.o_bias)
+            x = self._norm(h, w.post_norm, w.eps)
+            h = h + F.linear(F.silu(F.linear(x, w.gate)) * F.linear(x, w.up), w.down)
         self.length = slot + 1
         self.next_position = self.next_position + 1
-        h = self._norm(inner.norm, h)
+        h = self._norm(h, *self.final_norm)
         return self.model.lm_head(h)[:, -1].float()
+
+
+class LayerWeights:
+    """One decoder layer's parameters and constants, as the decoding step reads them."""
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.input_norm, self.post_norm = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.eps = layer.input_layernorm.variance_epsilon
+        self.q, self.q_bias = attn.q_proj.weight, attn.q_proj.bias
+        self.k, self.k_bias = attn.k_proj.weight, attn.k_proj.bias
+        self.v, self.v_bias = attn.v_proj.weight, attn.v_proj.bias
+        self.o, self.o_bias = attn.o_proj.weight, attn.o_proj.bias
+        self.scale = attn.scaling
+        self.gate, self.up, self.down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight

@@ -47,13 +47,33 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from softmax(logits), by the Gumbel-max trick: the argmax of the
-    logits plus Gumbel noise is distributed as the softmax (masked -inf logits never win).
-    It draws on the generator's device, and costs a third of `torch.multinomial` on a CPU."""
-    device = generator.device if generator is not None else logits.device
-    uniform = torch.rand(logits.shape, generator=generator, device=device).to(logits.device)
-    return (logits - uniform.log_().neg_().log_()).argmax(-1)
+class GumbelNoise:
+    """Gumbel noise for sampling by the Gumbel-max trick: the argmax of the logits plus
+    -log(-log(U)) noise is distributed as their softmax (masked -inf logits never win), and
+    costs a third of `torch.multinomial` on a CPU.
+
+    The noise of (step, row) is fixed in advance, drawn on the generator's device in blocks of
+    steps of at most `block_values` numbers, so a row's draws do not depend on which other rows
+    are still in the batch.
+    """
+
+    def __init__(self, rows: int, vocab: int, steps: int, generator: torch.Generator | None,
+                 device: torch.device, block_values: int = 1 << 22):
+        self.rows, self.vocab, self.steps = rows, vocab, steps
+        self.block = max(1, min(steps, block_values // max(1, rows * vocab)))
+        self.generator, self.device = generator, device
+        self.start, self.values = 0, None
+
+    def at(self, step: int, rows: torch.Tensor | None) -> torch.Tensor:
+        """(len(rows), vocab) noise of this step for these output rows (None: all rows)."""
+        if self.values is None or not self.start <= step < self.start + self.block:
+            self.start = step
+            count = min(self.block, self.steps - step)
+            source = self.generator.device if self.generator is not None else self.device
+            uniform = torch.rand((count, self.rows, self.vocab), generator=self.generator, device=source)
+            self.values = uniform.log_().neg_().log_().neg_().to(self.device)
+        noise = self.values[step - self.start]
+        return noise if rows is None else noise[rows]
 
 
 class ForwardDecoder:
@@ -139,49 +159,45 @@ class HFGenerator:
         eos = self.eos.to(device)
         filtered = params.top_k > 0 or params.top_p < 1.0
         record = []  # per step: (active, live or None, token, log-prob, entropy)
+        noise = None if params.greedy else GumbelNoise(rows, logits.shape[-1], params.max_new_tokens, generator,
+                                                       device)
+        compacted = False  # whether `active` is still every row, in order
         for t in range(params.max_new_tokens):
             scaled = logits / params.temperature if params.temperature != 1.0 else logits
             log_dist = F.log_softmax(scaled, -1)
             entropy = -(log_dist.exp() * log_dist).sum(-1)
             if params.greedy:
                 chosen = scaled.argmax(-1)
-                if finished is not None:
-                    chosen = chosen.masked_fill(finished, self.pad)
             else:
                 pool = filter_logits(scaled, params.top_k, params.top_p) if filtered else scaled
-                # Draw only for live rows, so the random stream does not depend on when
-                # finished rows leave the batch.
-                drawn = sample(pool if finished is None else pool[~finished], generator)
-                if finished is None:
-                    chosen = drawn
-                else:
-                    chosen = torch.full(finished.shape, self.pad, dtype=torch.long, device=device)
-                    chosen[~finished] = drawn
+                chosen = (pool + noise.at(t, active.to(device) if compacted else None)).argmax(-1)
+            if finished is not None:
+                chosen = chosen.masked_fill(finished, self.pad)
             logp = log_dist.gather(-1, chosen[:, None]).squeeze(-1)
             record.append((active, None if finished is None else ~finished, chosen, logp, entropy))
             done = torch.isin(chosen, eos)
             if finished is not None:
                 done |= finished
-            all_done = bool(done.all())
+            ended = int(done.sum())
+            all_done = ended == len(done)
             if self.sync_done is not None:
                 all_done = self.sync_done(all_done)
             if t + 1 == params.max_new_tokens or all_done:
                 break
-            finished = done if bool(done.any()) else None
-            if finished is not None and self._compact(finished):
+            finished = done if ended else None
+            if finished is not None and self._compact(ended, len(done)):
                 # Finished sequences leave the batch: their cache rows are dropped.
                 keep = (~finished).nonzero().squeeze(-1)
                 decoder.select(keep)
-                active, chosen, finished = active[keep.cpu()], chosen[keep], None
+                active, chosen, finished, compacted = active[keep.cpu()], chosen[keep], None, True
             logits = decoder.step(chosen)
         return self._collect(prompts, n, rows, params.max_new_tokens, record)
 
     @staticmethod
-    def _compact(finished: torch.Tensor) -> bool:
+    def _compact(ended: int, batch: int) -> bool:
         """Whether to drop the finished rows now: once they are a quarter of the batch (each
         drop copies the KV cache), and never all of them (a lockstep rank still steps)."""
-        count = int(finished.sum())
-        return count < len(finished) and count * 4 >= len(finished)
+        return ended < batch and ended * 4 >= batch
 
     def _collect(self, prompts, n, rows: int, max_new: int, record):
         """The recorded steps as (rows, max_new) tokens, log-probs and entropies, written at once."""

@@ -2,7 +2,7 @@
 
 import torch
 
-from hflow.engine.generation import HFGenerator, SamplingParams, filter_logits, sample
+from hflow.engine.generation import GumbelNoise, HFGenerator, SamplingParams, filter_logits
 from hflow.engine.models import load_causal_lm, load_tokenizer
 
 
@@ -83,11 +83,18 @@ def test_fast_decoding_step_matches_the_transformers_forward(tiny_model):
 
 def test_gumbel_max_sampling_follows_the_softmax():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
-    logits = torch.log(probs).expand(20000, 5).contiguous()  # the last token is masked (-inf)
-    drawn = sample(logits, torch.Generator().manual_seed(0))
-    freq = torch.bincount(drawn, minlength=5).double() / len(drawn)
-    # 20,000 draws: the standard error of a frequency is at most 0.0036; allow 4 of them.
-    torch.testing.assert_close(freq, probs.double(), atol=0.015, rtol=0)
-    assert freq[4] == 0
-    again = sample(logits, torch.Generator().manual_seed(0))
-    assert torch.equal(drawn, again)
+    logits = torch.log(probs).expand(20000, 5)  # the last token is masked (-inf)
+    # Blocks of 3 steps: drawing at step 0 and step 4 crosses a block boundary.
+    noise = GumbelNoise(20000, 5, steps=6, generator=torch.Generator().manual_seed(0),
+                        device=torch.device("cpu"), block_values=3 * 20000 * 5)
+    for step in (0, 4):
+        drawn = (logits + noise.at(step, None)).argmax(-1)
+        freq = torch.bincount(drawn, minlength=5).double() / len(drawn)
+        # 20,000 draws: the standard error of a frequency is at most 0.0036; allow 4 of them.
+        torch.testing.assert_close(freq, probs.double(), atol=0.015, rtol=0)
+        assert freq[4] == 0
+    rows = torch.tensor([7, 19999, 3])
+    assert torch.equal(noise.at(4, rows), noise.at(4, None)[rows])  # a row's noise is its own
+    same_seed = GumbelNoise(20000, 5, steps=6, generator=torch.Generator().manual_seed(0),
+                            device=torch.device("cpu"), block_values=3 * 20000 * 5)
+    assert torch.equal(same_seed.at(4, rows), noise.at(4, rows))
