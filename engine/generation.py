@@ -52,9 +52,9 @@ class GumbelNoise:
     -log(-log(U)) noise is distributed as their softmax (masked -inf logits never win), and
     costs a third of `torch.multinomial` on a CPU.
 
-    The noise of (step, row) is fixed in advance, drawn on the generator's device in blocks of
-    steps of at most `block_values` numbers, so a row's draws do not depend on which other rows
-    are still in the batch.
+    The noise of (step, row) is drawn ahead, on the generator's device, in blocks of steps of at
+    most `block_values` numbers, the blocks in step order (steps are asked for in order), so a
+    row's draws do not depend on which other rows are still in the batch.
     """
 
     def __init__(self, rows: int, vocab: int, steps: int, generator: torch.Generator | None,
@@ -67,8 +67,8 @@ class GumbelNoise:
     def at(self, step: int, rows: torch.Tensor | None) -> torch.Tensor:
         """(len(rows), vocab) noise of this step for these output rows (None: all rows)."""
         if self.values is None or not self.start <= step < self.start + self.block:
-            self.start = step
-            count = min(self.block, self.steps - step)
+            self.start = step - step % self.block
+            count = min(self.block, self.steps - self.start)
             source = self.generator.device if self.generator is not None else self.device
             uniform = torch.rand((count, self.rows, self.vocab), generator=self.generator, device=source)
             self.values = uniform.log_().neg_().log_().neg_().to(self.device)
