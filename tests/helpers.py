@@ -48,3 +48,14 @@ def assert_same_adam_step(got: dict, want: dict, lr: float, close: float = 1e-4)
         diff = (got[name] - want[name]).abs()
         assert float(diff.max()) <= lr, f"{name}: {float(diff.max())} > lr {lr}"
         assert int((diff > close).sum()) <= max(1, diff.numel() // 1000), f"{name}: many elements differ"
+
+
+def assert_one_line_error(result, *needles: str) -> None:
+    """A user mistake's answer: exit code 2, one `error: ...` line on stderr holding every
+    needle, no traceback."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]

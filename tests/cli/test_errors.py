@@ -4,16 +4,7 @@ import json
 
 import pytest
 
-from helpers import run_hflow, write_recipe
-
-
-def assert_one_line_error(result, *needles):
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in result.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+from helpers import assert_one_line_error, run_hflow, write_recipe
 
 
 @pytest.fixture

@@ -6,20 +6,11 @@ import types
 
 import pytest
 
-from helpers import run_hflow, write_recipe
+from helpers import assert_one_line_error, run_hflow, write_recipe
 from hflow.errors import UserError
 from hflow.trainer.recipe_load import build_recipe
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
-
-
-def assert_one_line_error(result, *needles):
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in result.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 @pytest.fixture
