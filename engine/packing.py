@@ -10,6 +10,7 @@ rows are grouped into micro-batches does not change the gradient.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hflow.engine.batch import Batch
@@ -59,19 +60,20 @@ def token_budget_groups(prompt_lengths: torch.Tensor, response_lengths: torch.Te
     by_prompt = torch.argsort(prompt_lengths, descending=True, stable=True)
     totals = (prompt_lengths + response_lengths)[by_prompt]
     order = by_prompt[torch.argsort(totals, descending=True, stable=True)]
-    prompts, responses = prompt_lengths[order].double(), response_lengths[order].double()
+    # The cut runs on numpy: a mini-batch's rows make a few hundred small vector operations.
+    prompts, responses = prompt_lengths[order].double().numpy(), response_lengths[order].double().numpy()
     rows = len(order)
-    overhead = float((prompts.max() + responses.max()).clamp(min=1)) if rows else 0.0
-    best = torch.zeros(rows + 1, dtype=torch.float64)
+    overhead = max(1.0, float(prompts.max() + responses.max())) if rows else 0.0
+    best = np.zeros(rows + 1)
     cut = [0] * (rows + 1)  # cut[i]: where the last group of the best split of rows [0, i) starts
     for i in range(1, rows + 1):
         # Groups [j, i) for every j < i at once: widths from running maxima taken backwards.
-        widths = (prompts[:i].flip(0).cummax(0).values + responses[:i].flip(0).cummax(0).values).flip(0)
-        sizes = torch.arange(i, 0, -1, dtype=torch.float64)
+        widths = (np.maximum.accumulate(prompts[i - 1::-1]) + np.maximum.accumulate(responses[i - 1::-1]))[::-1]
+        sizes = np.arange(i, 0, -1, dtype=np.float64)
         padded = sizes * widths
         cost = best[:i] + padded + overhead
-        cost[(padded > max_tokens) & (sizes > 1)] = float("inf")
-        j = int(torch.argmin(cost))
+        cost[(padded > max_tokens) & (sizes > 1)] = np.inf
+        j = int(np.argmin(cost))
         best[i], cut[i] = cost[j], j
     groups: list[list[int]] = []
     i = rows
