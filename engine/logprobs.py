@@ -22,23 +22,37 @@ def _takes_logits_to_keep(model_type: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_type.forward).parameters
 
 
-def _logits_kwargs(forward: Callable, width: int) -> dict:
-    """`logits_to_keep` for models that take it: the LM head then runs only on the response
-    positions, not on the prompt's (with a large vocabulary, most of the logits' memory)."""
+def _logits_kwargs(forward: Callable, keep: int) -> dict:
+    """`logits_to_keep` for models that take it: the LM head then runs only on the last `keep`
+    positions, not on the prompts' (with a large vocabulary, most of the logits' memory)."""
     owner = getattr(forward, "__self__", forward)  # a bound method (DeepSpeed's) or the model
     model = getattr(owner, "module", owner)
-    return {"logits_to_keep": width + 1} if _takes_logits_to_keep(type(model)) else {}
+    return {"logits_to_keep": keep} if _takes_logits_to_keep(type(model)) else {}
 
 
 def response_log_probs(forward: Callable, batch: Batch, temperature: float,
                        with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(B, R) log-probs of `responses` given everything before them; entropy (B, R) if asked."""
-    responses = batch["responses"]
-    width = responses.shape[1]
-    out = forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                  position_ids=batch["position_ids"], use_cache=False, **_logits_kwargs(forward, width))
-    # Logits at position t predict token t + 1: the response's logits start one before it.
-    logits = out.logits[:, -width - 1:-1].float() / temperature
+    """(B, R) log-probs of `responses` given everything before them; entropy (B, R) if asked.
+
+    The rollout layout (prompts left-padded, responses right-padded) is shifted so that every
+    row starts at column 0: a causal model then needs no attention mask (padding only follows
+    a row's tokens, which never attend forward), runs the fused causal attention, and computes
+    max(prompt + response) columns instead of max(prompt) + max(response).
+    """
+    responses, mask = batch["responses"], batch["attention_mask"]
+    width_r = responses.shape[1]
+    width_p = mask.shape[1] - width_r
+    prompt_lengths = mask[:, :width_p].sum(-1)
+    columns = int(mask.sum(-1).max())
+    source = (width_p - prompt_lengths)[:, None] + torch.arange(columns, device=mask.device)[None]
+    input_ids = batch["input_ids"].gather(1, source.clamp(max=mask.shape[1] - 1))
+    # Logits at column t predict token t + 1: row i's response logits start at column p_i - 1.
+    first = int(prompt_lengths.min()) - 1
+    out = forward(input_ids=input_ids, use_cache=False, **_logits_kwargs(forward, columns - first))
+    logits = out.logits[:, -(columns - first):]
+    at = (prompt_lengths - 1 - first)[:, None] + torch.arange(width_r, device=mask.device)[None]
+    at = at.clamp(max=logits.shape[1] - 1)  # past a row's end: masked out by response_mask
+    logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1])).float() / temperature
     log_softmax = F.log_softmax(logits, dim=-1)
     log_probs = log_softmax.gather(-1, responses[..., None]).squeeze(-1)
     entropy = None

@@ -42,35 +42,27 @@ def trim_padding(batch: Batch) -> Batch:
     return Batch(tensors, batch.columns, dict(batch.meta))
 
 
-def token_budget_groups(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, max_tokens: int,
-                        min_groups: int = 1) -> list[list[int]]:
+def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int = 1) -> list[list[int]]:
     """Row indices in micro-batches that waste the least compute on padding.
 
-    A micro-batch is computed at (rows x (its longest prompt + its longest response)) tokens,
-    since prompts are left-padded and responses right-padded, and each one costs a fixed
-    overhead, counted as one more row of the mini-batch's widest shape: splitting pays only
-    where it saves more padding than that. Rows are taken longest first (then longest prompt
-    first) and the order is cut
-    into consecutive groups by dynamic programming (the cheapest cut is exact for that order).
-    No group exceeds `max_tokens`, except a single row longer than it. At least `min_groups`
-    groups are made (ranks of a data-parallel group must run the same number of micro-batches),
-    splitting the largest.
+    A micro-batch is computed at (rows x its longest row) tokens (rows are scored left-aligned,
+    see `logprobs.response_log_probs`), and each one costs a fixed overhead, counted as one more
+    row of the mini-batch's longest: splitting pays only where it saves more padding than that.
+    Rows are taken longest first and the order is cut into consecutive groups by dynamic
+    programming (exact for that order). No group exceeds `max_tokens`, except a single row
+    longer than it. At least `min_groups` groups are made (ranks of a data-parallel group must
+    run the same number of micro-batches), splitting the largest.
     """
-    # Longest rows first; among equally long rows, longest prompts first (they pad alike).
-    by_prompt = torch.argsort(prompt_lengths, descending=True, stable=True)
-    totals = (prompt_lengths + response_lengths)[by_prompt]
-    order = by_prompt[torch.argsort(totals, descending=True, stable=True)]
+    order = torch.argsort(lengths, descending=True, stable=True)
     # The cut runs on numpy: a mini-batch's rows make a few hundred small vector operations.
-    prompts, responses = prompt_lengths[order].double().numpy(), response_lengths[order].double().numpy()
+    widths = lengths[order].double().numpy()  # a group [j, i) is as wide as its row j
     rows = len(order)
-    overhead = max(1.0, float(prompts.max() + responses.max())) if rows else 0.0
+    overhead = max(1.0, float(widths.max())) if rows else 0.0
     best = np.zeros(rows + 1)
     cut = [0] * (rows + 1)  # cut[i]: where the last group of the best split of rows [0, i) starts
     for i in range(1, rows + 1):
-        # Groups [j, i) for every j < i at once: widths from running maxima taken backwards.
-        widths = (np.maximum.accumulate(prompts[i - 1::-1]) + np.maximum.accumulate(responses[i - 1::-1]))[::-1]
-        sizes = np.arange(i, 0, -1, dtype=np.float64)
-        padded = sizes * widths
+        sizes = np.arange(i, 0, -1, dtype=np.float64)  # groups [j, i) for every j < i at once
+        padded = sizes * widths[:i]
         cost = best[:i] + padded + overhead
         cost[(padded > max_tokens) & (sizes > 1)] = np.inf
         j = int(np.argmin(cost))
@@ -93,14 +85,13 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
     """A mini-batch's micro-batches: rows grouped by length within the token budget (default
     `micro_batch_size` x the longest sequence), shared padding cut. Every rank of a data-parallel
     group gets the same number of micro-batches, since ZeRO reduces gradients collectively."""
-    responses = mini["response_mask"].sum(-1)
-    prompts = mini["attention_mask"].sum(-1) - responses
-    budget = micro_batch_tokens or micro_batch_size * mini["attention_mask"].shape[1]
-    groups = token_budget_groups(prompts, responses, budget)
+    lengths = mini["attention_mask"].sum(-1)
+    budget = micro_batch_tokens or micro_batch_size * int(lengths.max())
+    groups = token_budget_groups(lengths, budget)
     if world_size > 1:
         count = torch.tensor([len(groups)], device=device)
         torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        groups = token_budget_groups(prompts, responses, budget, min_groups=int(count))
+        groups = token_budget_groups(lengths, budget, min_groups=int(count))
     return [trim_padding(mini.index(rows)) for rows in groups]
 
 

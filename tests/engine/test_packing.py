@@ -44,23 +44,38 @@ def test_trimmed_log_probs_equal_untrimmed(tiny_model):
 
 
 def test_token_budget_groups_respect_the_budget():
-    prompts = torch.full((6,), 2)
-    responses = torch.tensor([8, 1, 7, 2, 0, 28])  # rows of 10, 3, 9, 4, 2 and 30 tokens
-    groups = token_budget_groups(prompts, responses, max_tokens=20)
-    # 30 alone (over the budget); 2 rows x 10 columns; 3 rows x 4 columns. Cost with one widest
+    lengths = torch.tensor([10, 3, 9, 4, 2, 30])
+    groups = token_budget_groups(lengths, max_tokens=20)
+    # 30 alone (over the budget); 2 rows x 10 columns; 3 rows x 4 columns. Cost with one longest
     # row (30) per group: 30 + 20 + 12 + 3 x 30 = 152; splitting [3, 1, 4] further costs more.
     assert groups == [[5], [0, 2], [3, 1, 4]]
-    assert len(token_budget_groups(prompts, responses, max_tokens=1000, min_groups=3)) == 3
+    assert len(token_budget_groups(lengths, max_tokens=1000, min_groups=3)) == 3
 
 
 def test_token_budget_groups_split_only_where_it_saves_more_than_a_row():
-    prompts = torch.ones(6, dtype=torch.long)
-    # Widths 10, 10, 10, 2, 2, 2: one group pads to 6 x 10 + 10 = 70; two cost 30 + 6 + 2 x 10 = 56.
-    uneven = token_budget_groups(prompts, torch.tensor([9, 9, 9, 1, 1, 1]), max_tokens=1000)
-    assert uneven == [[0, 1, 2], [3, 4, 5]]
-    # Widths 10, 10, 10, 9, 9, 9: one group costs 70, two 30 + 27 + 20 = 77.
-    even = token_budget_groups(prompts, torch.tensor([9, 9, 9, 8, 8, 8]), max_tokens=1000)
-    assert even == [[0, 1, 2, 3, 4, 5]]
-    # A group's width is its longest prompt plus its longest response, not its longest row.
-    mixed = token_budget_groups(torch.tensor([8, 1, 8]), torch.tensor([1, 8, 1]), max_tokens=1000)
-    assert sorted(map(sorted, mixed)) == [[0, 2], [1]]  # 2 x 9 + 9 + 2 x 16 = 59 < 3 x 16 + 16 = 64
+    # One group pads to 6 x 10 + 10 = 70; two cost 30 + 6 + 2 x 10 = 56.
+    assert token_budget_groups(torch.tensor([10, 10, 10, 2, 2, 2]), max_tokens=1000) == [[0, 1, 2], [3, 4, 5]]
+    # One group costs 70, two 30 + 27 + 20 = 77.
+    assert token_budget_groups(torch.tensor([10, 10, 10, 9, 9, 9]), max_tokens=1000) == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_response_log_probs_equal_each_row_alone(tiny_model):
+    """The left-aligned, mask-free scoring against a forward of each row alone, without padding."""
+    from hflow.engine.logprobs import response_log_probs
+    from hflow.engine.models import load_causal_lm
+
+    model = load_causal_lm(str(tiny_model), torch.float32)
+    b = _batch()
+    b.tensors["input_ids"] = torch.randint(3, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    b.tensors["responses"] = b["input_ids"][:, 4:]
+    with torch.no_grad():
+        log_probs, entropy = response_log_probs(model, b, 0.7, with_entropy=True)
+        for row in range(2):
+            mask = b["attention_mask"][row].bool()
+            ids = b["input_ids"][row][mask][None]
+            n_resp = int(b["response_mask"][row].sum())
+            logits = model(input_ids=ids).logits[0, -n_resp - 1:-1] / 0.7
+            ref = torch.log_softmax(logits, -1)
+            want = ref.gather(-1, ids[0, -n_resp:, None]).squeeze(-1)
+            torch.testing.assert_close(log_probs[row, :n_resp], want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(entropy[row, :n_resp], -(ref.exp() * ref).sum(-1), rtol=1e-5, atol=1e-5)
