@@ -169,7 +169,9 @@ class VLLMGenerator:
                  generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """`n` samples per prompt, grouped by prompt (see rollout_output.py for shapes); the columns
         are HFGenerator's without `rollout_entropy`."""
-        seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator).tolist()
+        # The actor's generator lives on its device (a CUDA generator with this engine).
+        device = generator.device if generator is not None else torch.device("cpu")
+        seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator, device=device).tolist()
         shares = self._gather_group((list(map(list, prompts)), seeds))
         group_prompts = [p for share, _ in shares for p in share]
         group_seeds = [s for _, share in shares for s in share]
