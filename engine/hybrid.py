@@ -6,6 +6,8 @@ mode; entering training puts it back. On a GPU both switches also return the all
 cached blocks (the KV cache after rollout, activation buffers after training), so the other
 phase can use that memory. Under ZeRO-3 the parameters stay sharded in both phases and each
 layer is gathered only while a forward pass runs through it.
+With `actor.offload_in_rollout` on a GPU, the optimizer's training state also leaves the GPU
+while generating (`TrainEngine.offload_states`), making room for a larger KV cache.
 
 With the `vllm` engine (`rollout_engine` below) vLLM holds its own copy of the weights, in its
 own layout, only while generating. Entering rollout first moves the optimizer's training
@@ -45,7 +47,7 @@ class PhaseSwitch:
     `load_weights(stream)` on the way to rollout and gives its memory back in `release()`."""
 
     def __init__(self, train_engine, device: torch.device, rollout_engine=None, bucket_bytes: int = 512 << 20,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, offload: bool = False):
         self.train_engine = train_engine
         self.device = device
         self.phase = "train"
@@ -54,6 +56,7 @@ class PhaseSwitch:
         self.dtype = dtype
         self.last_sync: SyncStats | None = None
         self.offloaded: list[str] = []
+        self.offload = offload or rollout_engine is not None  # the training state leaves during rollout
 
     def _memory(self) -> int:
         if self.device.type == "cuda":
@@ -68,8 +71,9 @@ class PhaseSwitch:
         for p in module.parameters():
             p.grad = None  # ZeRO keeps its own gradient partitions; these are stale views
         module.eval()
+        if self.offload:
+            self.offloaded = self.train_engine.offload_states()  # before vLLM or the KV cache claims it
         if self.rollout_engine is not None:
-            self.offloaded = self.train_engine.offload_states()  # before vLLM claims the memory
             self.last_sync = self.rollout_engine.load_weights(self._stream)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -88,6 +92,7 @@ class PhaseSwitch:
         start = time.perf_counter()
         if self.rollout_engine is not None:
             self.rollout_engine.release()
+        if self.offload:
             self.train_engine.reload_states()
             self.offloaded = []
         self.train_engine.module.train()

@@ -77,6 +77,11 @@ class OptimConfig(Section):
 class ActorConfig(OptimConfig):
     """The actor's optimisation."""
 
+    offload_in_rollout: bool = Field(
+        False, description="On a GPU with the hf engine, move the optimizer states, fp32 master weights "
+        "and gradients to CPU memory while generating (room for the KV cache, at the cost of a copy each "
+        "way per step; what moves depends on the ZeRO stage). Always done with rollout.engine: vllm.",
+    )
     recompute_old_log_probs: bool = Field(
         True,
         description="Score the rollouts with the training engine before the update (safe where the "

@@ -74,7 +74,8 @@ class ActorWorker(Worker):
         if checkpoint:
             self.train_engine.load(Path(checkpoint))
         self.phases = PhaseSwitch(self.train_engine, self.device, rollout_engine,
-                                  bucket_bytes=r.rollout.weight_bucket_mb << 20, dtype=dtype)
+                                  bucket_bytes=r.rollout.weight_bucket_mb << 20, dtype=dtype,
+                                  offload=r.actor.offload_in_rollout)
         if rollout_engine is not None:
             self.generator = rollout_engine
             return

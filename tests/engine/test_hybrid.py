@@ -69,3 +69,33 @@ def test_switch_to_rollout_and_back_adds_no_weight_copy(tmp_path):
     assert growth < weight_bytes / 2, (growth, weight_bytes)
     assert switch["training_state_bytes"] >= 3 * weight_bytes  # weights + fp32 masters + 2 Adam moments
     assert switch["to_rollout_s"] < 1.0 and switch["to_train_s"] < 1.0
+
+
+class _RecordingTrainEngine:
+    """Stands in for TrainEngine: records the offload calls PhaseSwitch makes (the offload itself
+    is DeepSpeed's and needs a GPU)."""
+
+    def __init__(self):
+        self.module = torch.nn.Linear(2, 2)
+        self.calls = []
+
+    def offload_states(self):
+        self.calls.append("offload")
+        return ["optim_states"]
+
+    def reload_states(self):
+        self.calls.append("reload")
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_offload_in_rollout_moves_the_training_state_out_and_back(offload):
+    from hflow.engine.hybrid import PhaseSwitch
+
+    engine = _RecordingTrainEngine()
+    switch = PhaseSwitch(engine, torch.device("cpu"), offload=offload)
+    switch.to_rollout()
+    switch.to_rollout()  # already there: nothing moves twice
+    assert switch.offloaded == (["optim_states"] if offload else [])
+    switch.to_train()
+    assert engine.calls == (["offload", "reload"] if offload else [])
+    assert switch.offloaded == []
