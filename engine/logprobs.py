@@ -25,14 +25,87 @@ def _takes_logits_to_keep(model_type: type) -> bool:
 def _logits_kwargs(forward: Callable, keep: int) -> dict:
     """`logits_to_keep` for models that take it: the LM head then runs only on the last `keep`
     positions, not on the prompts' (with a large vocabulary, most of the logits' memory)."""
-    owner = getattr(forward, "__self__", forward)  # a bound method (DeepSpeed's) or the model
-    model = getattr(owner, "module", owner)
-    return {"logits_to_keep": keep} if _takes_logits_to_keep(type(model)) else {}
+    return {"logits_to_keep": keep} if _takes_logits_to_keep(type(_model(forward))) else {}
+
+
+def prompt_groups(batch: Batch) -> torch.Tensor:
+    """(B,) group index of each row: consecutive rows with the same prompt share one (the n
+    samples of a prompt, as rollouts lay them out)."""
+    mask = batch["attention_mask"]
+    width_p = mask.shape[1] - batch["response_mask"].shape[1]
+    prompts = batch["input_ids"][:, :width_p] * mask[:, :width_p]
+    lengths = mask[:, :width_p].sum(-1)
+    same = (prompts[1:] == prompts[:-1]).all(-1) & (lengths[1:] == lengths[:-1])
+    return torch.cat([same.new_zeros(1, dtype=torch.long), (~same).long().cumsum(0)])
 
 
 def response_log_probs(forward: Callable, batch: Batch, temperature: float,
                        with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs of `responses` given everything before them; entropy (B, R) if asked.
+
+    Rows that share their prompt with the row before (a prompt's n samples) are scored with
+    the prompt run once (`_shared_prompt_logits`), unless `batch.meta["share_prompts"]` is false
+    (set by `packing.micro_batches`, which chose a cut for whole rows); otherwise every row is
+    scored whole (`_left_aligned_logits`).
+    """
+    responses = batch["responses"]
+    groups = prompt_groups(batch)
+    share = batch.meta.get("share_prompts", True)
+    if share and int(groups[-1]) + 1 < len(groups) and _can_share(forward):
+        logits = _shared_prompt_logits(forward, batch, groups)
+    else:
+        logits = _left_aligned_logits(forward, batch)
+    log_softmax = F.log_softmax(logits.float() / temperature, dim=-1)
+    log_probs = log_softmax.gather(-1, responses[..., None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    return log_probs, entropy
+
+
+def _model(forward: Callable):
+    owner = getattr(forward, "__self__", forward)  # a bound method (DeepSpeed's) or the model
+    return getattr(owner, "module", owner)
+
+
+def _can_share(forward: Callable) -> bool:
+    """The prompt's cache must carry gradients into the response pass: not with activation
+    checkpointing (transformers turns the cache off there while training)."""
+    model = _model(forward)
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return not (torch.is_grad_enabled() and getattr(model, name, False))
+
+
+def _shared_prompt_logits(forward: Callable, batch: Batch, groups: torch.Tensor) -> torch.Tensor:
+    """(B, R, vocab) logits predicting each response token, each distinct prompt run once.
+
+    The prompts (left-padded, as in the rollout) go through the model once per group with the
+    KV cache on; the cache is repeated to the group's rows (an indexing step, so gradients flow
+    back into the prompt pass), and the responses run on top of it. The last prompt position's
+    logits predict every row's first response token.
+    """
+    from hflow.engine.rollout_output import positions
+
+    mask = batch["attention_mask"]
+    width_r = batch["responses"].shape[1]
+    width_p = mask.shape[1] - width_r
+    first_rows = torch.cat([groups.new_zeros(1), (groups[1:] != groups[:-1]).nonzero().squeeze(-1) + 1])
+    prompt_ids, prompt_mask = batch["input_ids"][first_rows, :width_p], mask[first_rows, :width_p]
+    prefix = forward(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+                     use_cache=True, **_logits_kwargs(forward, 1))
+    cache = prefix.past_key_values
+    cache.batch_select_indices(groups.to(prompt_ids.device))
+    start = mask[:, :width_p].sum(-1, keepdim=True)
+    out = forward(input_ids=batch["responses"], attention_mask=mask,
+                  position_ids=start + torch.arange(width_r, device=mask.device)[None],
+                  past_key_values=cache, use_cache=True)
+    first = prefix.logits[:, -1:][groups]
+    return torch.cat([first, out.logits[:, :-1]], dim=1)
+
+
+def _left_aligned_logits(forward: Callable, batch: Batch) -> torch.Tensor:
+    """(B, R, vocab) logits predicting each response token, every row scored whole.
 
     The rollout layout (prompts left-padded, responses right-padded) is shifted so that every
     row starts at column 0: a causal model then needs no attention mask (padding only follows
@@ -52,13 +125,7 @@ def response_log_probs(forward: Callable, batch: Batch, temperature: float,
     logits = out.logits[:, -(columns - first):]
     at = (prompt_lengths - 1 - first)[:, None] + torch.arange(width_r, device=mask.device)[None]
     at = at.clamp(max=logits.shape[1] - 1)  # past a row's end: masked out by response_mask
-    logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1])).float() / temperature
-    log_softmax = F.log_softmax(logits, dim=-1)
-    log_probs = log_softmax.gather(-1, responses[..., None]).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-    return log_probs, entropy
+    return logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
 
 
 @torch.no_grad()

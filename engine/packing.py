@@ -10,6 +10,8 @@ rows are grouped into micro-batches does not change the gradient.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -42,7 +44,7 @@ def trim_padding(batch: Batch) -> Batch:
     return Batch(tensors, batch.columns, dict(batch.meta))
 
 
-def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int = 1) -> list[list[int]]:
+def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int = 1, with_cost: bool = False):
     """Row indices in micro-batches that waste the least compute on padding.
 
     A micro-batch is computed at (rows x its longest row) tokens (rows are scored left-aligned,
@@ -51,7 +53,8 @@ def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int 
     Rows are taken longest first and the order is cut into consecutive groups by dynamic
     programming (exact for that order). No group exceeds `max_tokens`, except a single row
     longer than it. At least `min_groups` groups are made (ranks of a data-parallel group must
-    run the same number of micro-batches), splitting the largest.
+    run the same number of micro-batches), splitting the largest. `with_cost` also returns the
+    cut's cost in tokens (overheads included, before any split for `min_groups`).
     """
     order = torch.argsort(lengths, descending=True, stable=True)
     # The cut runs on numpy: a mini-batch's rows make a few hundred small vector operations.
@@ -67,12 +70,58 @@ def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int 
         cost[(padded > max_tokens) & (sizes > 1)] = np.inf
         j = int(np.argmin(cost))
         best[i], cut[i] = cost[j], j
+    groups = _split_to(_unwind(cut, [int(r) for r in order]), min_groups)
+    return (groups, float(best[rows])) if with_cost else groups
+
+
+def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, groups: torch.Tensor,
+                     max_tokens: int, min_groups: int = 1, with_cost: bool = False):
+    """Like `token_budget_groups`, for rows scored with their prompt run once per prompt group
+    (`logprobs.response_log_probs`): a prompt group's rows stay together and consecutive, and a
+    micro-batch costs (its prompt groups x its longest prompt) + (its rows x its longest
+    response) tokens plus one longest row. Prompt groups are taken longest response first and
+    cut by dynamic programming, as there."""
+    units = torch.unique_consecutive(groups, return_counts=True)[1].tolist()
+    starts = [0]
+    for count in units[:-1]:
+        starts.append(starts[-1] + count)
+    unit_rows = [list(range(start, start + count)) for start, count in zip(starts, units)]
+    prompt = np.array([float(prompt_lengths[rows[0]]) for rows in unit_rows])
+    response = np.array([float(response_lengths[rows].max()) for rows in unit_rows])
+    order = np.argsort(-response, kind="stable")
+    prompt, response = prompt[order], response[order]
+    counts = np.array([len(unit_rows[u]) for u in order], dtype=np.float64)
+    rows_before = np.concatenate([[0.0], np.cumsum(counts)])
+    n = len(order)
+    overhead = max(1.0, float(prompt.max() + response.max())) if n else 0.0
+    best = np.zeros(n + 1)
+    cut = [0] * (n + 1)
+    for i in range(1, n + 1):
+        widest_prompt = np.maximum.accumulate(prompt[i - 1::-1])[::-1]  # over units [j, i)
+        units_in = np.arange(i, 0, -1, dtype=np.float64)
+        padded = units_in * widest_prompt + (rows_before[i] - rows_before[:i]) * response[:i]
+        cost = best[:i] + padded + overhead
+        cost[(padded > max_tokens) & (units_in > 1)] = np.inf
+        j = int(np.argmin(cost))
+        best[i], cut[i] = cost[j], j
+    cuts = _split_to(_unwind(cut, [int(u) for u in order]), min_groups)
+    rows = [[row for u in chosen for row in unit_rows[u]] for chosen in cuts]
+    return (rows, float(best[n])) if with_cost else rows
+
+
+def _unwind(cut: list[int], order: list[int]) -> list[list[int]]:
+    """The groups of `order` that the dynamic programme's back-pointers `cut` chose."""
     groups: list[list[int]] = []
-    i = rows
+    i = len(order)
     while i > 0:
-        groups.insert(0, order[cut[i]:i].tolist())
+        groups.insert(0, order[cut[i]:i])
         i = cut[i]
-    while len(groups) < min(min_groups, rows):
+    return groups
+
+
+def _split_to(groups: list[list[int]], min_groups: int) -> list[list[int]]:
+    """At least `min_groups` groups (as many as there are items at most), halving the largest."""
+    while len(groups) < min(min_groups, sum(map(len, groups))):
         biggest = max(range(len(groups)), key=lambda g: len(groups[g]))
         group = groups.pop(biggest)
         half = len(group) // 2
@@ -81,18 +130,34 @@ def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int 
 
 
 def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | None, world_size: int,
-                  device) -> list[Batch]:
+                  device, share_prompts: bool = False) -> list[Batch]:
     """A mini-batch's micro-batches: rows grouped by length within the token budget (default
-    `micro_batch_size` x the longest sequence), shared padding cut. Every rank of a data-parallel
-    group gets the same number of micro-batches, since ZeRO reduces gradients collectively."""
+    `micro_batch_size` x the longest sequence), shared padding cut. With `share_prompts` (rows
+    scored by `logprobs.response_log_probs`, no activation checkpointing), the n samples of a
+    prompt stay together so that their prompt runs once. Every rank of a data-parallel group
+    gets the same number of micro-batches, since ZeRO reduces gradients collectively."""
+    from hflow.engine.logprobs import prompt_groups
+
     lengths = mini["attention_mask"].sum(-1)
     budget = micro_batch_tokens or micro_batch_size * int(lengths.max())
-    groups = token_budget_groups(lengths, budget)
+    cut = functools.partial(token_budget_groups, lengths, budget)
+    groups = prompt_groups(mini) if share_prompts else None
+    if groups is not None and int(groups[-1]) + 1 < len(groups):
+        # Sharing prompts keeps a prompt's rows together, which can cost more padding than it
+        # saves (short prompts, uneven responses): take whichever cut computes fewer tokens.
+        responses = mini["response_mask"].sum(-1)
+        shared = functools.partial(prompt_group_cut, lengths - responses, responses, groups, budget)
+        if shared(with_cost=True)[1] < cut(with_cost=True)[1]:
+            cut = shared
+    rows = cut()
     if world_size > 1:
-        count = torch.tensor([len(groups)], device=device)
+        count = torch.tensor([len(rows)], device=device)
         torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        groups = token_budget_groups(lengths, budget, min_groups=int(count))
-    return [trim_padding(mini.index(rows)) for rows in groups]
+        rows = cut(min_groups=int(count))
+    micros = [trim_padding(mini.index(r)) for r in rows]
+    for micro in micros:
+        micro.meta["share_prompts"] = cut.func is prompt_group_cut
+    return micros
 
 
 def pad_rollout(out: dict[str, torch.Tensor], prompt_width: int, response_width: int,

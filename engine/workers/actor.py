@@ -175,7 +175,8 @@ class ActorWorker(Worker):
             for mini in batch.split(local_mini):
                 tokens = global_token_count(mini["response_mask"], self.world_size, self.device)
                 micros = micro_batches(mini, r.actor.micro_batch_size, r.actor.micro_batch_tokens,
-                                       self.world_size, self.device)
+                                       self.world_size, self.device,
+                                       share_prompts=not r.model.gradient_checkpointing)
                 micro_stats = []
                 for i, micro in enumerate(micros):
                     self.train_engine.set_boundary(i == len(micros) - 1)
