@@ -3,6 +3,10 @@
 Used by the actor (old and new policy), the reference, and the update. Logits are
 divided by the sampling temperature so that training scores tokens under the same
 distribution they were sampled from.
+
+Two ways to score, the same numbers (tested against each row scored alone):
+  shared prompt  a prompt's n samples run its prompt once; the KV cache is repeated to them
+  whole rows     each row shifted to column 0 and run without an attention mask
 """
 
 from __future__ import annotations
