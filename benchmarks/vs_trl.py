@@ -27,7 +27,7 @@ import torch
 PROMPTS, N, MAX_NEW, LR = 16, 4, 64, 1e-3
 
 
-def run_hflow(model_dir: str, steps: int, out: str, *extra: str) -> dict:
+def run_hflow(model_dir: str, steps: int, out: str) -> dict:
     from hflow.trainer import grpo
     from hflow.trainer.recipe_load import load_recipe
     from hflow.trainer.run import RunDir
@@ -38,7 +38,7 @@ def run_hflow(model_dir: str, steps: int, out: str, *extra: str) -> dict:
         "grpo.kl_coef=0", f"actor.lr={LR}", f"actor.mini_batch_size={PROMPTS * N}",
         f"actor.micro_batch_size={PROMPTS * N}", "logging.samples_per_step=0", "logging.progress=lines",
         # One update per step is exactly on-policy: like TRL at num_iterations=1, no second scoring pass.
-        "actor.recompute_old_log_probs=false", *extra,
+        "actor.recompute_old_log_probs=false",
     ])
     recipe.name = "bench-hflow"
     run = RunDir.create(recipe, out)

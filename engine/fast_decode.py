@@ -48,7 +48,6 @@ class FastDecoder:
     def __init__(self, model, cache, mask: torch.Tensor, max_new_tokens: int):
         self.model = model
         inner = model.model
-        self.layers = inner.layers
         self.length = mask.shape[1]  # columns filled so far
         capacity = self.length + max_new_tokens
         self.keys, self.values = [], []
@@ -82,7 +81,7 @@ class FastDecoder:
         self.cos, self.sin = cos[0], sin[0]  # (capacity, head_dim)
         # The layers' own parameters (references, not copies), read once instead of through
         # module attribute lookups and calls at every step.
-        self.weights = [LayerWeights(layer) for layer in self.layers]
+        self.weights = [LayerWeights(layer) for layer in inner.layers]
         self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
 
     def select(self, rows: torch.Tensor) -> None:

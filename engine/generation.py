@@ -154,14 +154,14 @@ class HFGenerator:
         else:
             decoder = ForwardDecoder(self.model, cache, mask)
         rows = len(prompts) * n
-        active = torch.arange(rows)  # the output row of each batch slot
+        active = torch.arange(rows, device=device)  # the output row of each batch slot
         finished = None  # (batch,) bool once some rows in the batch have ended, else None
         eos = self.eos.to(device)
         filtered = params.top_k > 0 or params.top_p < 1.0
         record = []  # per step: (active, live or None, token, log-prob, entropy)
         noise = None if params.greedy else GumbelNoise(rows, logits.shape[-1], params.max_new_tokens, generator,
                                                        device)
-        compacted = False  # whether `active` is still every row, in order
+        compacted = False  # whether rows have left the batch (`active` is no longer every row)
         for t in range(params.max_new_tokens):
             scaled = logits / params.temperature if params.temperature != 1.0 else logits
             log_dist = F.log_softmax(scaled, -1)
@@ -170,7 +170,7 @@ class HFGenerator:
                 chosen = scaled.argmax(-1)
             else:
                 pool = filter_logits(scaled, params.top_k, params.top_p) if filtered else scaled
-                chosen = (pool + noise.at(t, active.to(device) if compacted else None)).argmax(-1)
+                chosen = (pool + noise.at(t, active if compacted else None)).argmax(-1)
             if finished is not None:
                 chosen = chosen.masked_fill(finished, self.pad)
             logp = log_dist.gather(-1, chosen[:, None]).squeeze(-1)
@@ -189,7 +189,7 @@ class HFGenerator:
                 # Finished sequences leave the batch: their cache rows are dropped.
                 keep = (~finished).nonzero().squeeze(-1)
                 decoder.select(keep)
-                active, chosen, finished, compacted = active[keep.cpu()], chosen[keep], None, True
+                active, chosen, finished, compacted = active[keep], chosen[keep], None, True
             logits = decoder.step(chosen)
         return self._collect(prompts, n, rows, params.max_new_tokens, record)
 
@@ -201,12 +201,10 @@ class HFGenerator:
 
     def _collect(self, prompts, n, rows: int, max_new: int, record):
         """The recorded steps as (rows, max_new) tokens, log-probs and entropies, written at once."""
-        index_rows = torch.cat([step[0] for step in record])
-        index_cols = torch.cat([torch.full_like(step[0], t) for t, step in enumerate(record)])
-        live = torch.cat([step[1].cpu() if step[1] is not None else torch.ones(len(step[0]), dtype=torch.bool)
+        live = torch.cat([step[1] if step[1] is not None else torch.ones_like(step[0], dtype=torch.bool)
                           for step in record])
-        chosen, logp, entropy = (torch.cat([step[k] for step in record]).cpu()[live] for k in (2, 3, 4))
-        index_rows, index_cols = index_rows[live], index_cols[live]
+        index_cols = torch.cat([torch.full_like(step[0], t) for t, step in enumerate(record)])[live].cpu()
+        index_rows, chosen, logp, entropy = (torch.cat([step[k] for step in record])[live].cpu() for k in (0, 2, 3, 4))
         tokens = torch.full((rows, max_new), self.pad, dtype=torch.long)
         logps = torch.zeros(rows, max_new)
         entropies = torch.zeros(rows, max_new)

@@ -56,22 +56,12 @@ def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int 
     run the same number of micro-batches), splitting the largest. `with_cost` also returns the
     cut's cost in tokens (overheads included, before any split for `min_groups`).
     """
-    order = torch.argsort(lengths, descending=True, stable=True)
-    # The cut runs on numpy: a mini-batch's rows make a few hundred small vector operations.
+    order = torch.argsort(lengths, descending=True, stable=True).tolist()
     widths = lengths[order].double().numpy()  # a group [j, i) is as wide as its row j
-    rows = len(order)
-    overhead = max(1.0, float(widths.max())) if rows else 0.0
-    best = np.zeros(rows + 1)
-    cut = [0] * (rows + 1)  # cut[i]: where the last group of the best split of rows [0, i) starts
-    for i in range(1, rows + 1):
-        sizes = np.arange(i, 0, -1, dtype=np.float64)  # groups [j, i) for every j < i at once
-        padded = sizes * widths[:i]
-        cost = best[:i] + padded + overhead
-        cost[(padded > max_tokens) & (sizes > 1)] = np.inf
-        j = int(np.argmin(cost))
-        best[i], cut[i] = cost[j], j
-    groups = _split_to(_unwind(cut, [int(r) for r in order]), min_groups)
-    return (groups, float(best[rows])) if with_cost else groups
+    overhead = max(1.0, float(widths.max())) if len(order) else 0.0
+    cuts, cost = _cheapest_cut(len(order), lambda i: np.arange(i, 0, -1) * widths[:i], overhead, max_tokens)
+    groups = _split_to([[order[k] for k in group] for group in cuts], min_groups)
+    return (groups, cost) if with_cost else groups
 
 
 def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, groups: torch.Tensor,
@@ -81,42 +71,46 @@ def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tenso
     micro-batch costs (its prompt groups x its longest prompt) + (its rows x its longest
     response) tokens plus one longest row. Prompt groups are taken longest response first and
     cut by dynamic programming, as there."""
-    units = torch.unique_consecutive(groups, return_counts=True)[1].tolist()
-    starts = [0]
-    for count in units[:-1]:
-        starts.append(starts[-1] + count)
-    unit_rows = [list(range(start, start + count)) for start, count in zip(starts, units)]
-    prompt = np.array([float(prompt_lengths[rows[0]]) for rows in unit_rows])
+    counts = torch.unique_consecutive(groups, return_counts=True)[1].tolist()
+    unit_rows = [part.tolist() for part in torch.arange(len(groups)).split(counts)]
     response = np.array([float(response_lengths[rows].max()) for rows in unit_rows])
-    order = np.argsort(-response, kind="stable")
-    prompt, response = prompt[order], response[order]
-    counts = np.array([len(unit_rows[u]) for u in order], dtype=np.float64)
-    rows_before = np.concatenate([[0.0], np.cumsum(counts)])
-    n = len(order)
-    overhead = max(1.0, float(prompt.max() + response.max())) if n else 0.0
-    best = np.zeros(n + 1)
-    cut = [0] * (n + 1)
-    for i in range(1, n + 1):
+    order = np.argsort(-response, kind="stable").tolist()
+    prompt = np.array([float(prompt_lengths[unit_rows[u][0]]) for u in order])
+    response = response[order]
+    rows_before = np.concatenate([[0.0], np.cumsum([len(unit_rows[u]) for u in order])])
+
+    def padded(i: int) -> np.ndarray:
         widest_prompt = np.maximum.accumulate(prompt[i - 1::-1])[::-1]  # over units [j, i)
-        units_in = np.arange(i, 0, -1, dtype=np.float64)
-        padded = units_in * widest_prompt + (rows_before[i] - rows_before[:i]) * response[:i]
-        cost = best[:i] + padded + overhead
-        cost[(padded > max_tokens) & (units_in > 1)] = np.inf
-        j = int(np.argmin(cost))
-        best[i], cut[i] = cost[j], j
-    cuts = _split_to(_unwind(cut, [int(u) for u in order]), min_groups)
+        return np.arange(i, 0, -1) * widest_prompt + (rows_before[i] - rows_before[:i]) * response[:i]
+
+    overhead = max(1.0, float(prompt.max() + response.max())) if order else 0.0
+    cuts, cost = _cheapest_cut(len(order), padded, overhead, max_tokens)
+    cuts = _split_to([[order[k] for k in group] for group in cuts], min_groups)
     rows = [[row for u in chosen for row in unit_rows[u]] for chosen in cuts]
-    return (rows, float(best[n])) if with_cost else rows
+    return (rows, cost) if with_cost else rows
 
 
-def _unwind(cut: list[int], order: list[int]) -> list[list[int]]:
-    """The groups of `order` that the dynamic programme's back-pointers `cut` chose."""
+def _cheapest_cut(count: int, padded, overhead: float, max_tokens: int) -> tuple[list[list[int]], float]:
+    """The cut of items [0, count) into consecutive groups that costs least, and its cost.
+
+    `padded(i)` gives the padded tokens of the groups [j, i) for every j < i at once; a group
+    costs that plus `overhead`, and only a single item may exceed `max_tokens`. Dynamic
+    programming on numpy: a mini-batch makes a few hundred small vector operations.
+    """
+    best = np.zeros(count + 1)
+    back = [0] * (count + 1)  # back[i]: where the last group of the best cut of [0, i) starts
+    for i in range(1, count + 1):
+        tokens = padded(i)
+        cost = best[:i] + tokens + overhead
+        cost[:i - 1][tokens[:i - 1] > max_tokens] = np.inf  # the group [i - 1, i) is one item
+        back[i] = int(np.argmin(cost))
+        best[i] = cost[back[i]]
     groups: list[list[int]] = []
-    i = len(order)
+    i = count
     while i > 0:
-        groups.insert(0, order[cut[i]:i])
-        i = cut[i]
-    return groups
+        groups.insert(0, list(range(back[i], i)))
+        i = back[i]
+    return groups, float(best[count])
 
 
 def _split_to(groups: list[list[int]], min_groups: int) -> list[list[int]]:
@@ -141,19 +135,21 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
     lengths = mini["attention_mask"].sum(-1)
     budget = micro_batch_tokens or micro_batch_size * int(lengths.max())
     cut = functools.partial(token_budget_groups, lengths, budget)
+    rows, cost = cut(with_cost=True)
     groups = prompt_groups(mini) if share_prompts else None
     if groups is not None and int(groups[-1]) + 1 < len(groups):
         # Sharing prompts keeps a prompt's rows together, which can cost more padding than it
         # saves (short prompts, uneven responses): take whichever cut computes fewer tokens.
         responses = mini["response_mask"].sum(-1)
         shared = functools.partial(prompt_group_cut, lengths - responses, responses, groups, budget)
-        if shared(with_cost=True)[1] < cut(with_cost=True)[1]:
-            cut = shared
-    rows = cut()
+        shared_rows, shared_cost = shared(with_cost=True)
+        if shared_cost < cost:
+            cut, rows = shared, shared_rows
     if world_size > 1:
         count = torch.tensor([len(rows)], device=device)
         torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        rows = cut(min_groups=int(count))
+        if int(count) > len(rows):
+            rows = cut(min_groups=int(count))
     micros = [trim_padding(mini.index(r)) for r in rows]
     for micro in micros:
         micro.meta["share_prompts"] = cut.func is prompt_group_cut

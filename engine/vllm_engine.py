@@ -64,12 +64,13 @@ import os
 from typing import Any, Callable
 
 import torch
+from packaging.version import Version
 
 from hflow.engine.generation import SamplingParams
 from hflow.engine.rollout_output import assemble_rollout, pad_rows
 from hflow.engine.weight_sync import Consumer, SyncStats
 
-MIN_VERSION = (0, 10, 2)
+MIN_VERSION = Version("0.10.2")
 
 
 def unavailable_reason() -> str | None:
@@ -80,19 +81,11 @@ def unavailable_reason() -> str | None:
         version = importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         version = None  # an importable source tree without metadata: let it try
-    if version is not None and _release(version) < MIN_VERSION:
-        return f"vLLM {version} is older than {'.'.join(map(str, MIN_VERSION))}"
+    if version is not None and Version(version).release < MIN_VERSION.release:
+        return f"vLLM {version} is older than {MIN_VERSION}"
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible (vLLM generates on CUDA GPUs only)"
     return None
-
-
-def _release(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
 
 
 class VLLMGenerator:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +61,20 @@ def assert_one_line_error(result, *needles: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def read_events(run: Path) -> list[dict]:
+    """A run directory's events.jsonl, one dict per step."""
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def resume_after_crash(run: Path) -> list[dict]:
+    """Make a finished 6-step run (checkpoints every 3 steps) look as if it crashed after step 5:
+    the last complete checkpoint is step 3, steps 4-5 were logged, step 6's checkpoint never
+    happened. Resume it with `hflow train --resume` and return the events afterwards."""
+    shutil.rmtree(run / "checkpoints" / "step_000006")
+    lines = (run / "events.jsonl").read_text().splitlines()[:5]
+    (run / "events.jsonl").write_text("\n".join(lines) + "\n")
+    resumed = run_hflow("train", "--resume", str(run))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return read_events(run)

@@ -18,19 +18,13 @@ from hflow.trainer.session import Session
 def train(recipe: Recipe, run: RunDir) -> None:
     roles = ["actor", "reward"] + (["reference"] if recipe.uses_reference else [])
     with Session(recipe, run, roles) as session:
-        updates_per_step = recipe.actor.epochs * recipe.sequences_per_step // recipe.mini_batch_size
-        session.init_workers(total_updates=recipe.trainer.total_steps * updates_per_step)
-        actor, reward, reference = session.groups["actor"], session.groups["reward"], session.groups.get("reference")
+        session.init_workers(total_updates=recipe.trainer.total_steps * recipe.updates_per_step("actor"))
+        actor, reward = session.groups["actor"], session.groups["reward"]
 
         for step in session.steps():
             with session.stage("generate"):
                 batch = actor.generate_sequences(session.prompts(step))
-            if recipe.actor.recompute_old_log_probs:
-                with session.stage("old_log_prob"):
-                    batch |= actor.compute_log_prob(batch)
-            if reference:
-                with session.stage("reference"):
-                    batch |= reference.compute_ref_log_prob(batch)
+            batch = session.score_with_policies(batch)
             with session.stage("reward"):
                 batch |= reward.compute_reward(batch)
             with session.stage("advantage"):

@@ -22,7 +22,7 @@ def train(recipe: Recipe, run: RunDir) -> None:
     roles = ["actor", "reward"] + (["reference"] if recipe.uses_reference else [])
     with Session(recipe, run, roles) as session:
         session.init_workers(total_updates=recipe.trainer.total_steps * recipe.updates_per_step("actor"))
-        actor, reward, reference = session.groups["actor"], session.groups["reward"], session.groups.get("reference")
+        actor, reward = session.groups["actor"], session.groups["reward"]
 
         for step in session.steps():
             prompts = session.prompts(step)
@@ -31,12 +31,7 @@ def train(recipe: Recipe, run: RunDir) -> None:
             with session.stage("generate_greedy"):
                 greedy_prompts = Batch(prompts.tensors, prompts.columns, prompts.meta | {"greedy": True})
                 greedy = actor.generate_sequences(greedy_prompts)
-            if recipe.actor.recompute_old_log_probs:
-                with session.stage("old_log_prob"):
-                    batch |= actor.compute_log_prob(batch)
-            if reference:
-                with session.stage("reference"):
-                    batch |= reference.compute_ref_log_prob(batch)
+            batch = session.score_with_policies(batch)
             with session.stage("reward"):
                 batch |= reward.compute_reward(batch)
                 baseline = reward.compute_reward(greedy)["scores"]

@@ -34,7 +34,6 @@ def train(recipe: Recipe, run: RunDir) -> None:
     with Session(recipe, run, roles) as session:
         session.init_workers(total_updates=recipe.trainer.total_steps * recipe.updates_per_step("actor"))
         actor, critic, cost_critic, reward, cost = (session.groups[r] for r in roles[:5])
-        reference = session.groups.get("reference")
         p, s = recipe.ppo, recipe.safe_rlhf
         kl_ctl = session.track("kl_controller", kl_controller(p.kl_coef, p.kl_target, p.kl_horizon))
         lagrangian = session.track("lagrangian", Lagrangian(s.lambda_init, s.lambda_lr, s.lambda_max, s.cost_limit,
@@ -44,12 +43,7 @@ def train(recipe: Recipe, run: RunDir) -> None:
         for step in session.steps():
             with session.stage("generate"):
                 batch = actor.generate_sequences(session.prompts(step))
-            if recipe.actor.recompute_old_log_probs:
-                with session.stage("old_log_prob"):
-                    batch |= actor.compute_log_prob(batch)
-            if reference:
-                with session.stage("reference"):
-                    batch |= reference.compute_ref_log_prob(batch)
+            batch = session.score_with_policies(batch)
             with session.stage("values"):
                 batch |= critic.compute_values(batch)
                 batch |= cost_critic.compute_values(batch)

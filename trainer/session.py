@@ -104,6 +104,19 @@ class Session:
     def prompts(self, step: int) -> Batch:
         return self.data.batch(step)
 
+    def score_with_policies(self, batch: Batch) -> Batch:
+        """The stages every algorithm runs right after generation: the old policy's log-probs
+        (skipped when the rollout's are reused, `actor.recompute_old_log_probs: false`) and the
+        reference's (when the recipe has one), each timed as its own stage."""
+        if self.recipe.actor.recompute_old_log_probs:
+            with self.stage("old_log_prob"):
+                batch |= self.groups["actor"].compute_log_prob(batch)
+        reference = self.groups.get("reference")
+        if reference:
+            with self.stage("reference"):
+                batch |= reference.compute_ref_log_prob(batch)
+        return batch
+
     @contextlib.contextmanager
     def stage(self, name: str):
         """Time a stage. Colocated roles run in order anyway, so the stage waits for its work;

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_hflow
+from helpers import read_events, run_hflow
 from hflow.trainer.tasks import high_digit_share, score_digits
 
 
@@ -15,7 +15,7 @@ def _train(tmp_path: Path, recipe: str, *overrides: str) -> tuple[Path, list[dic
     assert result.returncode == 0, result.stderr[-3000:]
     run = Path(result.stdout.strip().splitlines()[-1])
     run = run if run.is_absolute() else tmp_path / run
-    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    events = read_events(run)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert json.loads((run / "status.json").read_text())["status"] == "finished"
     return run, events, samples

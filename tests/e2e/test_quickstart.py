@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_hflow
+from helpers import read_events, run_hflow
 
 REQUIRED = ["step", "time", "reward/mean", "reward/std", "kl/mean", "entropy/mean", "response_length/mean",
             "actor/loss", "actor/grad_norm", "actor/lr", "timing/generate", "timing/reference",
@@ -19,7 +19,7 @@ def test_quickstart_learns(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     run = Path(result.stdout.strip().splitlines()[-1])  # the run directory is the last line
     run = run if run.is_absolute() else tmp_path / run
-    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    events = read_events(run)
     assert [e["step"] for e in events] == list(range(1, 61))
     for key in REQUIRED:
         assert all(key in e for e in events), key

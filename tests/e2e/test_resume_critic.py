@@ -2,12 +2,11 @@
 adaptive KL coefficient, the Lagrange multiplier and the PTX draws all continue exactly."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers import run_hflow, write_recipe
+from helpers import read_events, resume_after_crash, run_hflow, write_recipe
 
 COMPARED = ["reward/mean", "kl/mean", "kl/coef", "actor/loss", "actor/grad_norm", "actor/lr",
             "critic/loss", "critic/grad_norm", "critic/vf_explained_var", "critic/lr"]
@@ -16,10 +15,6 @@ ALGORITHMS = {
             ["actor/ptx_loss"]),
     "safe_rlhf": ({"kl_coef": 0.05}, ["cost/mean", "lagrange/lambda", "cost_critic/loss", "cost_critic/grad_norm"]),
 }
-
-
-def _events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -41,19 +36,13 @@ def test_resume_equals_uninterrupted_with_critics(tmp_path, tiny_model, algorith
     full = run_hflow("train", str(recipe))
     assert full.returncode == 0, full.stderr[-3000:]
     run = Path(full.stdout.strip().splitlines()[-1])
-    reference = _events(run)
+    reference = read_events(run)
     state = json.loads((run / "checkpoints" / "step_000003" / "trainer_state.json").read_text())
     assert "kl_controller" in state and ("lagrangian" in state) == (algorithm == "safe_rlhf")
     roles = {p.name for p in (run / "checkpoints" / "step_000003").iterdir() if p.is_dir()}
     assert roles == ({"actor", "critic", "cost_critic"} if algorithm == "safe_rlhf" else {"actor", "critic"})
 
-    # A crash after step 5: the last complete checkpoint is step 3.
-    shutil.rmtree(run / "checkpoints" / "step_000006")
-    lines = (run / "events.jsonl").read_text().splitlines()[:5]
-    (run / "events.jsonl").write_text("\n".join(lines) + "\n")
-    resumed = run_hflow("train", "--resume", str(run))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    again = _events(run)
+    again = resume_after_crash(run)
     assert [e["step"] for e in again] == [1, 2, 3, 4, 5, 6]
     for before, after in zip(reference[3:], again[3:]):
         for key in COMPARED + extra_keys:
