@@ -25,7 +25,7 @@ TINY_CHAT_TEMPLATE = (
 )
 TINY_SHAPES = {
     # name: (hidden, layers, heads, intermediate)
-    "tiny": (64, 2, 4, 192),  # 0.1M parameters
+    "tiny": (64, 2, 2, 192),  # 0.1M parameters; head_dim 32, the smallest vLLM's CPU attention runs
     "small": (256, 4, 8, 768),  # 3.4M
     "medium": (512, 8, 8, 1536),  # 27M
     "base": (768, 12, 12, 3072),  # 85M: the ~100M-parameter scale of `hflow bench`

@@ -120,7 +120,7 @@ def test_tiny_cost_model_scores_high_digits_as_costly(tiny_model, tmp_path):
     from hflow.engine.tiny_scorers import train_tiny_scorer
     from hflow.engine.workers.reward import CostWorker
 
-    card = train_tiny_scorer(tmp_path / "cost", "cost", "digits", seed=0, steps=60)
+    card = train_tiny_scorer(tmp_path / "cost", "cost", "digits", seed=0, steps=100)
     assert card["held_out_mean_abs_error"] < 0.08
     recipe = Recipe(model={"path": str(tiny_model)}, data={"train": "synthetic:digits"}, algorithm="safe_rlhf",
                     cost={"model": str(tmp_path / "cost")})
