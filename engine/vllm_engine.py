@@ -163,6 +163,7 @@ class VLLMGenerator:
         # each rank must be one vLLM worker on this process's device.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury hflow's own
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is hflow's (the run dir)
         from vllm import LLM
 
         _drop_benign_warnings()
@@ -350,20 +351,29 @@ def _tp_group(rank: int, world_size: int, tp: int):
     return mine
 
 
-# Warnings vLLM prints on every CPU reload that say nothing is wrong: the rotary embedding has no
-# weights to load (its cache is rebuilt), and set_num_threads calls are refused (see below).
-_BENIGN = ("RotaryEmbedding: Failed to load weights", "doesn't allow to use `torch.set_num_threads`")
+# Warnings vLLM prints on every CPU reload that say nothing is wrong, by the logger that emits
+# them: the rotary embedding has no weights to load (its cache is rebuilt), and set_num_threads
+# calls are refused (see `_keep_thread_control`).
+_BENIGN = {
+    "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
+    "vllm.v1.worker.cpu_worker": "doesn't allow to use `torch.set_num_threads`",
+}
 
 
-class _BenignFilter(logging.Filter):
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not any(text in record.getMessage() for text in _BENIGN)
+        return self.text not in record.getMessage()
 
 
 def _drop_benign_warnings() -> None:
-    for handler in logging.getLogger("vllm").handlers:
-        if not any(isinstance(f, _BenignFilter) for f in handler.filters):
-            handler.addFilter(_BenignFilter())
+    for name, text in _BENIGN.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) for f in logger.filters):
+            logger.addFilter(_DropMessage(text))
 
 
 @contextlib.contextmanager
