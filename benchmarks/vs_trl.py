@@ -1,13 +1,17 @@
 """hflow's GRPO step throughput against TRL's GRPOTrainer, side by side in one process.
 
     pip install -e '.[bench]'            # TRL is a benchmark-only dependency
-    python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--size tiny|small] [--threads N] [--json]
+    python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--size tiny|small | --model DIR]
+                                [--engine hf|vllm] [--prompts 16] [--max-new 64] [--threads N] [--json]
 
-Both train the same locally built model on the same prompts (the synthetic `digits` task)
-with matching settings: 16 prompts x n = 4 samples per step, responses up to 64 tokens,
-temperature 1, one optimizer step per RL step, no KL term (TRL's default beta = 0), fp32 on
-the CPU, the same torch thread count. The metric is the paper's: prompt + response tokens of
-the step's batch divided by the step's wall time.
+Both train the same model (a locally built one of --size, or the Hugging Face directory --model,
+e.g. SmolLM2-135M-Instruct from `hflow init-model smollm2-135m-instruct DIR`) on the same prompts
+(the synthetic `digits` task) with matching settings: --prompts prompts x n = 4 samples per step,
+responses up to --max-new tokens, temperature 1, one optimizer step per RL step, no KL term
+(TRL's default beta = 0), fp32 on the CPU, the same torch thread count. hflow generates with
+--engine; with vllm it also rescores the rollout before the update (the engine requires it), a
+pass TRL does not make at num_iterations=1. The metric is the paper's: prompt + response tokens
+of the step's batch divided by the step's wall time.
 
 The speed of a shared machine drifts over seconds, so the two alternate in rounds ordered
 hflow, TRL, TRL, hflow, ... (each round a fresh run); a framework's figure is the median over
@@ -24,10 +28,11 @@ import time
 
 import torch
 
-PROMPTS, N, MAX_NEW, LR = 16, 4, 64, 1e-3
+N = 4
+PROMPTS, MAX_NEW, LR = 16, 64, 1e-3  # defaults of --prompts, --max-new, --lr
 
 
-def run_hflow(model_dir: str, steps: int, out: str) -> dict:
+def run_hflow(model_dir: str, steps: int, out: str, engine: str = "hf") -> dict:
     from hflow.trainer import grpo
     from hflow.trainer.recipe_load import load_recipe
     from hflow.trainer.run import RunDir
@@ -37,8 +42,10 @@ def run_hflow(model_dir: str, steps: int, out: str) -> dict:
         f"trainer.prompts_per_step={PROMPTS}", f"rollout.n={N}", f"rollout.max_response_length={MAX_NEW}",
         "grpo.kl_coef=0", f"actor.lr={LR}", f"actor.mini_batch_size={PROMPTS * N}",
         f"actor.micro_batch_size={PROMPTS * N}", "logging.samples_per_step=0", "logging.progress=lines",
-        # One update per step is exactly on-policy: like TRL at num_iterations=1, no second scoring pass.
-        "actor.recompute_old_log_probs=false",
+        f"rollout.engine={engine}",
+        # One update per step is exactly on-policy: like TRL at num_iterations=1, no second scoring
+        # pass (the vllm engine always rescores: it reports no entropy).
+        f"actor.recompute_old_log_probs={'true' if engine == 'vllm' else 'false'}",
     ])
     recipe.name = "bench-hflow"
     run = RunDir.create(recipe, out)
@@ -101,22 +108,30 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="steps per run (the first 2 are warm-up)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each framework, alternating")
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--model", default=None, help="a Hugging Face model directory instead of --size")
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hflow's generation engine")
+    parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per step (x 4 samples)")
+    parser.add_argument("--max-new", type=int, default=MAX_NEW, help="most new tokens per response")
+    parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.steps < 3:
         parser.error("--steps must be at least 3 (two warm-up steps are dropped)")
     threads = args.threads or torch.get_num_threads()
+    global PROMPTS, MAX_NEW, LR
+    PROMPTS, MAX_NEW, LR = args.prompts, args.max_new, args.lr
 
     from hflow.cli.quiet import quiet_libraries
     from hflow.engine.models import build_tiny_model
 
     quiet_libraries()
-    runs = {"hflow": run_hflow, "trl": lambda model, steps, out: run_trl(model, steps, out, threads)}
+    runs = {"hflow": lambda model, steps, out: run_hflow(model, steps, out, args.engine),
+            "trl": lambda model, steps, out: run_trl(model, steps, out, threads)}
     steps: dict[str, dict[str, list[float]]] = {name: {"tokens_per_s": [], "step_s": []} for name in runs}
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(build_tiny_model(f"{tmp}/model", args.size))
+        model_dir = args.model or str(build_tiny_model(f"{tmp}/model", args.size))
         for i in range(args.rounds):
             order = ["hflow", "trl"] if i % 2 == 0 else ["trl", "hflow"]
             medians = {}
@@ -129,13 +144,13 @@ def main() -> None:
             rounds.append({**medians, "ratio": medians["hflow"] / medians["trl"]})
     summary = {name: {"tokens_per_s": statistics.median(v["tokens_per_s"]), "step_s": statistics.median(v["step_s"])}
                for name, v in steps.items()}
-    result = {"model": args.size, "threads": threads, "prompts_per_step": PROMPTS, "n": N,
+    result = {"model": args.model or args.size, "engine": args.engine, "threads": threads, "prompts_per_step": PROMPTS, "n": N,
               "max_response_length": MAX_NEW, "rounds": rounds, **summary,
               "ratio": summary["hflow"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]}
     if args.json:
         print(json.dumps(result))
         return
-    print(f"model {args.size}, {PROMPTS} prompts x {N} samples, up to {MAX_NEW} new tokens, {threads} threads, "
+    print(f"model {result['model']}, hflow engine {args.engine}, {PROMPTS} prompts x {N} samples, up to {MAX_NEW} new tokens, {threads} threads, "
           f"{args.rounds} rounds of {args.steps} steps")
     for i, r in enumerate(rounds):
         print(f"round {i + 1}: hflow {r['hflow']:.0f} tokens/s, TRL {r['trl']:.0f} tokens/s, ratio {r['ratio']:.2f}x")

