@@ -71,3 +71,20 @@ class Evaluator:
         keep = len(self.rows) * n  # the padding rows are left out of the metrics
         batch = batch.select("scores", "response_mask")
         return eval_metrics(batch["scores"][:keep], batch["response_mask"][:keep].sum(-1), n)
+
+
+def evaluate_model(recipe: Recipe, checkpoint: str | None, step: int) -> dict[str, float]:
+    """eval/* of `recipe.model.path`, or of a run's checkpoint directory `checkpoint` (its actor's
+    weights) on the recipe's workers; `step` picks the eval seed stream (as training's eval at it)."""
+    from hflow.engine.dist import pick_device
+    from hflow.engine.models import load_tokenizer
+    from hflow.trainer.placement import build_worker_groups
+
+    evaluator = Evaluator(recipe, load_tokenizer(recipe.model.path, recipe.model.trust_remote_code))
+    groups = build_worker_groups(recipe, ["actor", "reward"], pick_device(recipe.trainer.device))
+    try:
+        groups["actor"].init_model(total_updates=1, checkpoint=f"{checkpoint}/actor" if checkpoint else None)
+        groups["reward"].init_model()
+        return evaluator.run(groups["actor"], groups["reward"], step)
+    finally:
+        groups.shutdown()
