@@ -119,8 +119,9 @@ TASKS: dict[str, tuple[Callable[[random.Random], dict], Callable[[str, str], flo
     "echo": (_echo, score_echo),
     "arithmetic": (lambda rng: _arithmetic_row(rng.choice(arithmetic_problems("train"))), score_arithmetic),
 }
-# Tasks whose prompts are chat messages with a held-out split (the others are text, any split).
-SPLIT_TASKS = {"arithmetic": arithmetic_problems}
+# Tasks with a held-out split: task -> (its problems of a split, a problem's row). Their prompts
+# are chat messages for a real instruct model; the other tasks are text, for the tiny models.
+SPLIT_TASKS = {"arithmetic": (arithmetic_problems, _arithmetic_row)}
 
 
 def make_rows(task: str, size: int, seed: int, split: str = "train") -> list[dict]:
@@ -129,8 +130,9 @@ def make_rows(task: str, size: int, seed: int, split: str = "train") -> list[dic
     make, _ = TASKS[task]
     rng = random.Random(seed)
     if split == "eval" and task in SPLIT_TASKS:
-        pool = SPLIT_TASKS[task]("eval")
-        return [{**_arithmetic_row(p), "task": task} for p in rng.sample(pool, min(size, len(pool)))]
+        problems, row = SPLIT_TASKS[task]
+        pool = problems("eval")
+        return [{**row(p), "task": task} for p in rng.sample(pool, min(size, len(pool)))]
     return [{**make(rng), "task": task} for _ in range(size)]
 
 
