@@ -64,18 +64,22 @@ def test_resume_with_eval_is_exact(tmp_path, tiny_model):
 
 @pytest.mark.slow
 def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model):
-    greedy = ["--set", "data.eval=synthetic:digits", "--set", "data.eval_size=8", "--set", "trainer.eval_every=2"]
-    run = _train(tmp_path, tiny_model, "run", *greedy)
-    logged = read_events(run)[-1]
+    # Sampled (temperature 1, n=2), so the scores are not all 1.0: the eval seed stream is the step's.
+    sampled = ["--set", "data.eval=synthetic:digits", "--set", "data.eval_size=8", "--set", "trainer.eval_every=2",
+               "--set", "eval.temperature=1.0", "--set", "eval.n=2"]
+    run = _train(tmp_path, tiny_model, "run", *sampled)
+    logged = {e["step"]: e for e in read_events(run)}
     recipe = str(run / "recipe.yaml")
-    for directory in (run / "checkpoints" / "step_000004", run / "final"):
+    checkpoints = run / "checkpoints"
+    for directory, step in ((checkpoints / "step_000002", 2), (checkpoints / "step_000004", 4), (run / "final", 4)):
         result = run_hflow("eval", recipe, "--checkpoint", str(directory), cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
-        printed = dict(line.split() for line in result.stdout.splitlines())
-        assert set(printed) == {"eval/reward", "eval/accuracy", "eval/response_length"}
-        # Greedy: the step-4 policy scored alone gives what training logged at step 4.
+        printed = dict(line.split() for line in result.stdout.splitlines() if line.startswith("eval/"))
+        assert set(printed) == {"eval/reward", "eval/accuracy", "eval/pass@2", "eval/response_length"}
+        # The policy of step k scored alone gives what training logged at step k.
         for key in printed:
-            assert float(printed[key]) == pytest.approx(logged[key], abs=1e-4), (directory, key)
+            assert float(printed[key]) == pytest.approx(logged[step][key], abs=1e-4), (directory, key)
+    assert logged[2]["eval/reward"] != logged[4]["eval/reward"]  # the comparison can tell policies apart
 
 
 def test_eval_bad_input_is_one_line(tmp_path, tiny_model):
