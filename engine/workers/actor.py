@@ -137,6 +137,8 @@ class ActorWorker(Worker):
             n = evaluation["n"]
         self.phases.to_rollout()  # vllm: offload the training state, sync the weights, wake the KV cache
         out = self.generator.generate(prompts["prompt_ids"], n, params, rng)
+        if evaluation:
+            self.phases.to_train()  # evaluation runs between steps: the checkpoint that may follow needs training state
         if self.world_size > 1:
             out = self._agree_on_widths(out)
         if not self.recipe.actor.recompute_old_log_probs:
