@@ -181,6 +181,7 @@ class Session:
         self.run.append_event(event)
         if self._wandb:
             self._wandb.log(event)
+        self.progress.update(0, event)
         log.info("step 0 %s", json.dumps(event))
 
     def save_checkpoint(self, step: int) -> None:
