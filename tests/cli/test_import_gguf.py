@@ -9,6 +9,7 @@ import pytest
 from helpers import assert_one_line_error, run_hflow
 
 pytest.importorskip("gguf")
+pytest.importorskip("accelerate")
 from gguf_files import tiny_llama, write_gguf  # noqa: E402
 
 
