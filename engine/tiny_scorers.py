@@ -96,8 +96,9 @@ def train_tiny_scorer(out_dir: str | Path, kind: str, task: str = "digits", seed
 
     if kind not in ("reward", "cost"):
         raise UserError(f"tiny scorer kind {kind!r}; accepted: reward, cost")
-    if task not in tasks.TASKS:
-        raise UserError(f"--task {task!r}: unknown synthetic task; accepted: {', '.join(tasks.TASKS)}")
+    text_tasks = [t for t in tasks.TASKS if t not in tasks.SPLIT_TASKS]  # chat tasks are for real models
+    if task not in text_tasks:
+        raise UserError(f"--task {task!r}: unknown synthetic task for a tiny scorer; accepted: {', '.join(text_tasks)}")
     model, tokenizer = build_tiny_score_model("tiny", seed)
     scorer = ScoreModel(model.model, model.score)
     rng = random.Random(seed)

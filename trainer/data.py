@@ -39,6 +39,34 @@ def read_rows(cfg: DataConfig, seed: int) -> list[dict]:
     return rows
 
 
+SYNTHETIC_EVAL_SIZE = 128  # held-out problems a `synthetic:` eval draws when data.eval_size is unset
+
+
+def read_eval_rows(cfg: DataConfig, reward_function: str | None, seed: int) -> list[dict]:
+    """The rows of `data.eval`, each with its prompt under `prompt`, checked for the columns the
+    reward function reads (so that a bad eval file stops the run before it starts, not mid-run)."""
+    spec = cfg.eval
+    if spec.startswith("synthetic:"):
+        task = spec.split(":", 1)[1]
+        if task not in tasks.TASKS:
+            raise UserError(f"data.eval {spec!r}: unknown synthetic task; accepted: "
+                            + ", ".join(f"synthetic:{t}" for t in tasks.TASKS))
+        return tasks.make_rows(task, cfg.eval_size or SYNTHETIC_EVAL_SIZE, seed, split="eval")
+    rows = read_table(spec, "data.eval", "a prompt column")[:cfg.eval_size]
+    if not rows:
+        raise UserError(f"data.eval '{spec}': the data set is empty")
+    needed = [cfg.prompt_key] + {"exact_match": ["answer"], "synthetic": ["task", "answer"]}.get(reward_function, [])
+    for number, row in enumerate(rows, 1):
+        missing = [c for c in needed if c not in row]
+        if missing:
+            raise UserError(f"data.eval '{spec}': row {number} has no column {', '.join(map(repr, missing))} "
+                            f"(needed by data.prompt_key and reward.function {reward_function!r}); "
+                            f"columns: {', '.join(row)}")
+    for row in rows:
+        row["prompt"] = row.pop(cfg.prompt_key)
+    return rows
+
+
 def read_table(spec: str, key: str, needs: str) -> list[dict]:
     """The rows of a .jsonl or .parquet file; `key` and `needs` name the recipe key in errors."""
     path = Path(spec)

@@ -9,7 +9,7 @@ from typing import Any
 
 KEYS = [("reward/mean", "reward", "{:.3f}"), ("kl/mean", "kl", "{:.4f}"),
         ("response_length/mean", "len", "{:.1f}"), ("actor/loss", "loss", "{:+.4f}"),
-        ("timing/step", "s/step", "{:.2f}")]
+        ("eval/accuracy", "eval acc", "{:.3f}"), ("timing/step", "s/step", "{:.2f}")]
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -56,6 +56,8 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+        evals = [e for e in events if "eval/accuracy" in e]
+        events = [e for e in events if e["step"] > 0]  # step 0 is the baseline evaluation alone
         if not events:
             return
         window = min(10, len(events) // 2) or 1  # first and last windows never overlap
@@ -69,3 +71,6 @@ class Progress:
         print(f"done: {len(events)} steps in {_fmt_duration(total_s)}; reward/mean first {window} steps "
               f"{mean(first, 'reward/mean'):.3f} -> last {window} steps {mean(last, 'reward/mean'):.3f}",
               file=self.stream, flush=True)
+        if len(evals) > 1:
+            print(f"eval/accuracy step {evals[0]['step']} {evals[0]['eval/accuracy']:.3f} -> step "
+                  f"{evals[-1]['step']} {evals[-1]['eval/accuracy']:.3f}", file=self.stream, flush=True)

@@ -192,6 +192,18 @@ class DataConfig(Section):
     synthetic_size: int = Field(
         2048, gt=0, description="Number of prompts a `synthetic:` task generates."
     )
+    eval: Optional[str] = Field(
+        None,
+        description="Evaluation prompts (see `trainer.eval_every` and the `eval` section): a .jsonl or "
+        ".parquet file with the prompt column and the columns the reward function reads (`answer` for "
+        "exact_match; `task` and `answer` for synthetic), or `synthetic:TASK` for the task's held-out "
+        "problems (disjoint from its training ones where the task has a split, e.g. arithmetic).",
+    )
+    eval_size: Optional[int] = Field(
+        None, gt=0,
+        description="Evaluation prompts used: a `synthetic:` eval draws this many (default 128, at most "
+        "the held-out split); a file keeps its first this many rows (default: all).",
+    )
 
 
 class RolloutConfig(Section):
@@ -326,7 +338,26 @@ class TrainerConfig(Section):
     )
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept; older ones are deleted.")
     output_dir: str = Field("runs", description="Run directories are created under this folder.")
+    eval_every: int = Field(
+        0, ge=0,
+        description="Evaluate on `data.eval` every this many steps, at step 0 before any update (the "
+        "baseline) and at the last step; 0: never. Metrics go into the step's event as eval/*.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto`: cuda when available.")
+
+
+class EvalConfig(Section):
+    """How evaluation samples (`data.eval`, `trainer.eval_every`, `hflow eval`)."""
+
+    n: int = Field(
+        1, ge=1, description="Responses per eval prompt; above 1, eval/pass@n is logged as well."
+    )
+    temperature: float = Field(
+        0.0, ge=0, description="Sampling temperature of evaluation; 0 is greedy decoding."
+    )
+    max_response_length: Optional[int] = Field(
+        None, gt=0, description="Most new tokens per eval response; default: rollout.max_response_length."
+    )
 
 
 class WandbConfig(Section):
@@ -380,6 +411,7 @@ class Recipe(BaseSettings):
     safe_rlhf: SafeRLHFConfig = Field(default_factory=SafeRLHFConfig, description="Safe-RLHF's Lagrange multiplier.")
     actor: ActorConfig = Field(default_factory=ActorConfig, description="Actor optimisation.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The run loop.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation sampling.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="What is logged where.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="The devices to run on.")
     placement: PlacementConfig = Field(
@@ -406,6 +438,9 @@ class Recipe(BaseSettings):
         if self.algorithm == "safe_rlhf" and not (self.cost.model or self.cost.function):
             raise ValueError("algorithm safe_rlhf needs a cost: set cost.model (a cost model directory) "
                              "or cost.function (e.g. synthetic_cost)")
+        if self.trainer.eval_every and not self.data.eval:
+            raise ValueError("trainer.eval_every > 0 needs data.eval (a .jsonl or .parquet file, or "
+                             "synthetic:TASK for a task's held-out problems)")
         if self.ppo.ptx_coef > 0 and not self.ppo.ptx_data:
             raise ValueError("ppo.ptx_coef > 0 needs ppo.ptx_data (a .jsonl or .parquet file with a text column)")
         return self

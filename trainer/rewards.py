@@ -19,21 +19,13 @@ from hflow.trainer import tasks
 from hflow.trainer.recipe import RewardConfig
 
 RewardFn = Callable[..., list[float]]
-_NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
+_final_answer = tasks.final_answer
 
 
 def synthetic(prompts: list[str], responses: list[str], task: list[str], answer: list[str],
               **_) -> list[float]:
     """The score of each row's built-in synthetic task (see `hflow.trainer.tasks`)."""
     return [tasks.score(t, r, a) for t, r, a in zip(task, responses, answer)]
-
-
-def _final_answer(text: str) -> str:
-    """GSM8K style: what follows '####', else the last number, else the stripped text."""
-    if "####" in text:
-        text = text.rsplit("####", 1)[1]
-    numbers = _NUMBER.findall(text)
-    return numbers[-1].replace(",", "").rstrip(".") if numbers else text.strip()
 
 
 def exact_match(prompts: list[str], responses: list[str], answer: list[str], **_) -> list[float]:

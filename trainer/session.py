@@ -21,6 +21,7 @@ from hflow.engine.worker import resolve
 from hflow.errors import UserError
 from hflow.engine.models import load_tokenizer
 from hflow.trainer.data import PromptData
+from hflow.trainer.evaluate import Evaluator
 from hflow.trainer.losses import kl_estimate, masked_mean
 from hflow.trainer.placement import WorkerGroups, build_worker_groups
 from hflow.trainer.progress import Progress
@@ -40,6 +41,7 @@ class Session:
         self.device = pick_device(recipe.trainer.device)
         tokenizer = load_tokenizer(recipe.model.path, recipe.model.trust_remote_code)
         self.data = PromptData(recipe.data, tokenizer, recipe.seed, recipe.trainer.prompts_per_step)
+        self.evaluator = Evaluator(recipe, tokenizer) if recipe.trainer.eval_every else None
         self.groups: WorkerGroups = build_worker_groups(recipe, roles, self.device, run.ray_address)
         run.write_plan(self.groups.plan())
         _check_divisible(recipe, self.groups)
@@ -96,6 +98,8 @@ class Session:
         total = self.recipe.trainer.total_steps
         self.progress.start(self.start_step - 1)
         self.run.write_status("running", self.start_step - 1)
+        if self.evaluator and self.start_step == 1:
+            self._log_baseline()
         for step in range(self.start_step, total + 1):
             self.timings = {}
             self._step_started = time.perf_counter()
@@ -146,6 +150,8 @@ class Session:
         event.update({f"timing/{k}": v for k, v in self.timings.items()})
         event["timing/step"] = elapsed
         event["throughput/tokens_per_s"] = float(view["attention_mask"].sum()) / elapsed
+        if self._eval_due(step):
+            event.update(self.evaluate(step))  # after timing/step: a step's time stays comparable
         self.run.append_event(event)
         self.run.append_samples(samples(view, step, self.recipe.logging.samples_per_step))
         if self._wandb:
@@ -158,6 +164,25 @@ class Session:
         self.progress.update(step, event)
         log.info("step %d %s", step, json.dumps(event))
         return event
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """eval/* of the current policy (see `trainer/evaluate.py`), with its time as timing/eval."""
+        start = time.perf_counter()
+        metrics = self.evaluator.run(self.groups["actor"], self.groups["reward"], step)
+        return {**metrics, "timing/eval": time.perf_counter() - start}
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.recipe.trainer.eval_every
+        return bool(self.evaluator) and (step % every == 0 or step == self.recipe.trainer.total_steps)
+
+    def _log_baseline(self) -> None:
+        """The step-0 event: eval/* of the initial policy, before any update (no training metrics)."""
+        event = {"step": 0, "time": time.time(), **self.evaluate(0)}
+        self.run.append_event(event)
+        if self._wandb:
+            self._wandb.log(event)
+        self.progress.update(0, event)
+        log.info("step 0 %s", json.dumps(event))
 
     def save_checkpoint(self, step: int) -> None:
         with self.stage("checkpoint"):

@@ -7,11 +7,18 @@ which is what the quickstart and the end-to-end tests need.
   digits  "write digits: " -> reward = share of the first 8 response characters that are digits
   letter  "say q: "        -> reward = share of the first 8 response characters equal to the letter
   echo    "echo abc: "     -> reward = share of the answer's characters reproduced in place
+  arithmetic  chat: "What is 12 + 7? Answer with a number." -> 1.0 when the response's last
+          number is the result, else 0.0 (for a real instruct model, e.g. SmolLM2-135M-Instruct)
+
+`arithmetic` draws from a fixed set of problems split once into train and held-out parts by a
+hash of the problem, so `data.train` and `data.eval` of `synthetic:arithmetic` never share one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+import re
 import string
 from typing import Callable
 
@@ -55,16 +62,77 @@ def score_echo(response: str, answer: str) -> float:
     return sum(a == b for a, b in zip(response, answer)) / max(1, len(answer))
 
 
+# The number pattern and final-answer rule of the `exact_match` reward too (`rewards.py`).
+NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
+
+
+def final_answer(text: str) -> str:
+    """GSM8K style: what follows '####', else the last number, else the stripped text."""
+    if "####" in text:
+        text = text.rsplit("####", 1)[1]
+    numbers = NUMBER.findall(text)
+    return numbers[-1].replace(",", "").rstrip(".") if numbers else text.strip()
+
+
+# Arithmetic problems: a + b and a - b with operands 1..30 (a >= b for -, so no negative results),
+# and a * b with a in 2..9, b in 2..12. SmolLM2-135M-Instruct answers about a quarter of the held-out
+# ones right greedily within 16 tokens (two-digit operands 10..99: under a tenth), room to learn.
+EVAL_SHARE = 4  # one problem in EVAL_SHARE is held out
+
+
+def _problems() -> list[tuple[int, str, int]]:
+    out = [(a, op, b) for a in range(1, 31) for b in range(1, 31) for op in "+-" if op == "+" or a >= b]
+    return out + [(a, "*", b) for a in range(2, 10) for b in range(2, 13)]
+
+
+def is_held_out(a: int, op: str, b: int) -> bool:
+    """The split of a problem: a hash of its text, so it never changes with the seed or the size."""
+    return hashlib.sha256(f"{a}{op}{b}".encode()).digest()[0] % EVAL_SHARE == 0
+
+
+_SPLITS: dict[str, list[tuple[int, str, int]]] = {}
+
+
+def arithmetic_problems(split: str) -> list[tuple[int, str, int]]:
+    """Every problem of `split` (train or eval), in a fixed order."""
+    if not _SPLITS:
+        problems = _problems()
+        _SPLITS["train"] = [p for p in problems if not is_held_out(*p)]
+        _SPLITS["eval"] = [p for p in problems if is_held_out(*p)]
+    return _SPLITS[split]
+
+
+def _arithmetic_row(problem: tuple[int, str, int]) -> dict:
+    a, op, b = problem
+    result = {"+": a + b, "-": a - b, "*": a * b}[op]
+    question = f"What is {a} {op} {b}? Answer with a number."
+    return {"prompt": [{"role": "user", "content": question}], "answer": str(result)}
+
+
+def score_arithmetic(response: str, answer: str) -> float:
+    return float(final_answer(response) == answer)
+
+
 TASKS: dict[str, tuple[Callable[[random.Random], dict], Callable[[str, str], float]]] = {
     "digits": (_digits, score_digits),
     "letter": (_letter, score_letter),
     "echo": (_echo, score_echo),
+    "arithmetic": (lambda rng: _arithmetic_row(rng.choice(arithmetic_problems("train"))), score_arithmetic),
 }
+# Tasks with a held-out split: task -> (its problems of a split, a problem's row). Their prompts
+# are chat messages for a real instruct model; the other tasks are text, for the tiny models.
+SPLIT_TASKS = {"arithmetic": (arithmetic_problems, _arithmetic_row)}
 
 
-def make_rows(task: str, size: int, seed: int) -> list[dict]:
+def make_rows(task: str, size: int, seed: int, split: str = "train") -> list[dict]:
+    """`size` seeded rows of `task`. With split `eval`, a task with a held-out split gives
+    distinct held-out problems (at most all of them); the other tasks a seeded draw as for train."""
     make, _ = TASKS[task]
     rng = random.Random(seed)
+    if split == "eval" and task in SPLIT_TASKS:
+        problems, row = SPLIT_TASKS[task]
+        pool = problems("eval")
+        return [{**row(p), "task": task} for p in rng.sample(pool, min(size, len(pool)))]
     return [{**make(rng), "task": task} for _ in range(size)]
 
 

@@ -238,6 +238,11 @@ class Chart(Widget):
         if self.series is None or self.table is None or not len(self.table):
             return ""
         row = self.cursor if self.cursor is not None else len(self.table) - 1
+        # Sparse keys (eval/* every k steps): the latest value at or before the row.
+        line = self.series.line[:row + 1]
+        finite = np.flatnonzero(np.isfinite(line))
+        if finite.size:
+            row = int(finite[-1])
         text = f"step {self.table.steps[row]}: {fmt_num(self.value_at(row))}"
         if self.series.lo is not None:
             text += f" [{fmt_num(self.series.lo[row])} … {fmt_num(self.series.hi[row])}]"

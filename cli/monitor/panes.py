@@ -22,6 +22,8 @@ STATUS_STYLE = {"running": "bold green", "finished": "bold blue", "failed": "bol
 # (Safe-RLHF's cost and lambda, PPO's critic loss).
 CHARTS = [
     ChartSpec("reward", "reward/mean", band=("reward/min", "reward/max"), std="reward/std", color="green"),
+    ChartSpec("eval accuracy (held out)", "eval/accuracy", color="bright_green"),
+    ChartSpec("eval reward (held out)", "eval/reward", color="green"),
     ChartSpec("KL", "kl/mean", color="magenta"),
     ChartSpec("entropy", "entropy/mean", color="yellow"),
     ChartSpec("response length", "response_length/mean", color="cyan"),

@@ -124,13 +124,21 @@ class ActorWorker(Worker):
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sample `rollout.n` responses for each row's `prompt_ids` (see the module docstring)."""
         r = self.recipe.rollout
-        seed = stream_seed(self.recipe.seed, "rollout", prompts.meta["step"], self.rank)
+        evaluation = prompts.meta.get("eval")  # {n, temperature, max_response_length}: `trainer/evaluate.py`
+        stream = "eval" if evaluation else "rollout"  # evaluation never draws from the rollout's stream
+        seed = stream_seed(self.recipe.seed, stream, prompts.meta["step"], self.rank)
         rng = torch.Generator(device=self.device).manual_seed(seed)
         greedy = bool(prompts.meta.get("greedy", False))
         params = SamplingParams(r.max_response_length, r.temperature, r.top_p, r.top_k, greedy=greedy)
         n = 1 if greedy else r.n  # greedy decoding gives one response per prompt (ReMax's baseline)
+        if evaluation:
+            t = evaluation["temperature"]
+            params = SamplingParams(evaluation["max_response_length"], t or 1.0, r.top_p, r.top_k, greedy=t == 0)
+            n = evaluation["n"]
         self.phases.to_rollout()  # vllm: offload the training state, sync the weights, wake the KV cache
         out = self.generator.generate(prompts["prompt_ids"], n, params, rng)
+        if evaluation:
+            self.phases.to_train()  # evaluation runs between steps: the checkpoint that may follow needs training state
         if self.world_size > 1:
             out = self._agree_on_widths(out)
         if not self.recipe.actor.recompute_old_log_probs:

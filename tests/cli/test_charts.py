@@ -86,3 +86,26 @@ def test_series_band_prefers_min_max_then_std():
 def test_fmt_num():
     assert [fmt_num(v) for v in (0.0, 0.123456, 1234.0, 2.5e6, 3e-5, math.nan)] == [
         "0", "0.123", "1.23k", "2.5M", "3.00e-05", "–"]
+
+
+def test_eval_chart_of_sparse_eval_points():
+    """eval/* arrive at step 0 and every k steps: the chart joins those points, and its caption
+    shows the latest eval at or before the cursor (not a blank for steps without one)."""
+    from hflow.cli.monitor.charts import Chart
+    from hflow.cli.monitor.panes import CHARTS
+
+    spec = next(s for s in CHARTS if s.key == "eval/accuracy")
+    table = MetricTable()
+    table.add({"step": 0, "eval/accuracy": 0.25})
+    for step in range(1, 5):
+        table.add({"step": step, "reward/mean": 0.1, **({"eval/accuracy": 0.75} if step == 4 else {})})
+    chart = Chart(spec)
+    chart.table, chart.series = table, series_of(table, spec)
+    chart.cursor = 2
+    assert chart.caption() == "step 0: 0.25"
+    chart.cursor = 4
+    assert chart.caption() == "step 4: 0.75"
+    lines = render_chart(chart.series, 40, 6)
+    plot = "".join(str(t)[LABEL_WIDTH:] for t in lines[:-1])
+    dots = sum(ch != " " for ch in plot)
+    assert dots > 10  # a connected stroke from step 0 to step 4, not two isolated dots

@@ -238,3 +238,19 @@ def test_events_file_briefly_missing_keeps_table(tmp_path, run_factory):
     (run / "events.jsonl").rename(run / "moved")
     w.refresh()
     assert len(w.table) == 3
+
+
+def test_metric_table_step_0_eval_and_sparse_eval_columns():
+    """The trainer's step-0 event holds eval/* alone (the baseline); later evals come every k steps."""
+    table = MetricTable()
+    table.add({"step": 0, "time": 1.0, "eval/accuracy": 0.25, "eval/reward": 0.25})
+    for step in (1, 2):
+        table.add({"step": step, "time": 1.0 + step, "reward/mean": 0.1 * step,
+                   **({"eval/accuracy": 0.5, "eval/reward": 0.5} if step == 2 else {})})
+    assert list(table.steps) == [0, 1, 2]
+    acc = table.column("eval/accuracy")
+    assert acc[0] == 0.25 and math.isnan(acc[1]) and acc[2] == 0.5
+    assert math.isnan(table.column("reward/mean")[0])
+    assert table.stats("eval/accuracy") == (0.375, 0.5)
+    table.add({"step": 1, "time": 9.0, "reward/mean": 0.7})  # resumed after step 0: the baseline stays
+    assert list(table.steps) == [0, 1] and table.column("eval/accuracy")[0] == 0.25

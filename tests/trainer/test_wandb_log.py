@@ -103,6 +103,23 @@ def test_offline_run_has_the_same_metric_keys(wandb_env):
     assert (run_dir / "wandb" / "hflow-run-id").read_text().strip() == run_record.run_id
 
 
+def test_eval_events_reach_wandb_at_their_steps(wandb_env):
+    """The step-0 baseline (eval/* only) and a later step with eval/* both land in the history."""
+    run_dir = wandb_env / "run-eval"
+    run_dir.mkdir()
+    logger = WandbLogger({"enabled": True, "mode": "offline"}, run_dir, RECIPE)
+    events = [{"step": 0, "time": 1.0, "eval/accuracy": 0.25, "eval/reward": 0.25, "timing/eval": 2.0},
+              {**EVENTS[0]}, {**EVENTS[1], "eval/accuracy": 0.5, "eval/reward": 0.5}]
+    for ev in events:
+        logger.log(ev)
+    logger.finish("finished")
+    rows = history(read_wandb_records(next((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))))
+    assert [int(r["_step"]) for r in rows] == [0, 1, 2]
+    assert float(rows[0]["eval/accuracy"]) == 0.25 and "reward/mean" not in rows[0]
+    assert "eval/accuracy" not in rows[1]
+    assert float(rows[2]["eval/accuracy"]) == 0.5
+
+
 def test_api_key_and_secrets_are_never_written(wandb_env, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     run_dir = wandb_env / "run"

@@ -1,0 +1,48 @@
+"""`hflow eval RECIPE --checkpoint DIR`: score a checkpoint or an exported model on the recipe's eval set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hflow.errors import UserError
+from hflow.trainer.recipe_load import check_runtime, load_recipe
+
+
+def eval_(
+    recipe: Annotated[str, typer.Argument(help="Recipe file, or a shipped recipe name like grpo/smollm2-arithmetic.")],
+    checkpoint: Annotated[Path, typer.Option(
+        help="A run's checkpoint (RUN/checkpoints/step_N) or a Hugging Face model directory (RUN/final).")],
+    set_: Annotated[list[str], typer.Option("--set", help="Override a key: --set eval.n=4.")] = [],
+) -> None:
+    """Evaluate DIR on the recipe's `data.eval` with its `eval` sampling, reward and engine; print
+    eval/reward, eval/accuracy (share of responses with reward >= 1), eval/pass@n (eval.n > 1) and
+    eval/response_length, one per line."""
+    from hflow.cli.quiet import quiet_libraries
+    from hflow.trainer.evaluate import evaluate_model
+
+    quiet_libraries()
+    loaded, path = load_recipe(recipe, set_)
+    if not loaded.data.eval:
+        raise UserError(f"{path}: data.eval is not set; give the eval prompts, e.g. --set data.eval=synthetic:TASK "
+                        "or a .jsonl file")
+    check_runtime(loaded, str(path))
+    ckpt, step = _source(checkpoint, loaded)
+    metrics = evaluate_model(loaded, ckpt, step)
+    for key, value in metrics.items():
+        typer.echo(f"{key} {value:.4f}")
+
+
+def _source(directory: Path, recipe) -> tuple[str | None, int]:
+    """(checkpoint for the actor or None, step) of DIR; a model directory becomes `model.path`."""
+    if (directory / "trainer_state.json").is_file() and (directory / "actor").is_dir():
+        return str(directory), int(json.loads((directory / "trainer_state.json").read_text())["step"])
+    if (directory / "config.json").is_file():
+        recipe.model.path = str(directory)
+        recipe.model.init = None
+        return None, recipe.trainer.total_steps
+    raise UserError(f"--checkpoint {directory}: not a checkpoint (RUN/checkpoints/step_N with trainer_state.json "
+                    "and actor/) nor a model directory (with config.json)")

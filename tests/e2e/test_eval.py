@@ -1,0 +1,103 @@
+"""Evaluation during training and `hflow eval`, through the real CLI on the tiny quickstart model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import assert_one_line_error, read_events, run_hflow
+
+QUICK = ["--set", "trainer.total_steps=4", "--set", "trainer.save_every=2", "--set", "logging.progress=lines"]
+EVAL = ["--set", "data.eval=synthetic:digits", "--set", "data.eval_size=8", "--set", "trainer.eval_every=3",
+        # sampled, several per prompt: evaluation must not touch the rollout's random stream either
+        "--set", "eval.n=2", "--set", "eval.temperature=1.0"]
+EVAL_KEYS = {"eval/reward", "eval/accuracy", "eval/pass@2", "eval/response_length", "timing/eval"}
+# What changes between identical runs: wall-clock timings, throughput, memory.
+NOT_TRAINING = ("time", "timing/", "throughput/", "memory/", "eval/")
+
+
+def _train(tmp_path: Path, tiny_model: Path, name: str, *extra: str) -> Path:
+    out = tmp_path / name
+    result = run_hflow("train", "grpo/quickstart", "--set", f"model.path={tiny_model}", "--output-dir", str(out),
+                       *QUICK, *extra, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def _training(events: list[dict]) -> list[dict]:
+    return [{k: v for k, v in e.items() if not k.startswith(NOT_TRAINING)} for e in events if e["step"] > 0]
+
+
+@pytest.mark.slow
+def test_eval_at_step_0_every_k_and_last_and_training_unchanged(tmp_path, tiny_model):
+    with_eval = read_events(_train(tmp_path, tiny_model, "on", *EVAL))
+    without = read_events(_train(tmp_path, tiny_model, "off"))
+    assert [e["step"] for e in with_eval] == [0, 1, 2, 3, 4]
+    assert set(with_eval[0]) == {"step", "time"} | EVAL_KEYS  # the baseline, before any update
+    assert [e["step"] for e in with_eval if "eval/accuracy" in e] == [0, 3, 4]  # every 3 steps and the last
+    for e in with_eval:
+        if "eval/accuracy" in e:
+            assert 0 <= e["eval/accuracy"] <= e["eval/pass@2"] <= 1
+            assert 0 < e["eval/response_length"] <= 12
+    assert not any(k.startswith("eval/") for e in without for k in e)
+    assert _training(with_eval) == _training(without)  # same seed: the same training, to the bit
+
+
+@pytest.mark.slow
+def test_resume_with_eval_is_exact(tmp_path, tiny_model):
+    run = _train(tmp_path, tiny_model, "run", *EVAL)
+    whole = read_events(run)
+    shutil.rmtree(run / "checkpoints" / "step_000004")  # crashed after step 3, last checkpoint: step 2
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in whole if e["step"] <= 3))
+    resumed = run_hflow("train", "--resume", str(run))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = read_events(run)
+    assert [e["step"] for e in again] == [0, 1, 2, 3, 4]  # step 0 is not evaluated again
+    strip = [{k: v for k, v in e.items() if not k.startswith(("time", "timing/", "throughput/", "memory/"))}
+             for e in whole]
+    assert [{k: v for k, v in e.items() if not k.startswith(("time", "timing/", "throughput/", "memory/"))}
+            for e in again] == strip
+
+
+@pytest.mark.slow
+def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model):
+    # Sampled (temperature 1, n=2), so the scores are not all 1.0: the eval seed stream is the step's.
+    sampled = ["--set", "data.eval=synthetic:digits", "--set", "data.eval_size=8", "--set", "trainer.eval_every=2",
+               "--set", "eval.temperature=1.0", "--set", "eval.n=2"]
+    run = _train(tmp_path, tiny_model, "run", *sampled)
+    logged = {e["step"]: e for e in read_events(run)}
+    recipe = str(run / "recipe.yaml")
+    checkpoints = run / "checkpoints"
+    for directory, step in ((checkpoints / "step_000002", 2), (checkpoints / "step_000004", 4), (run / "final", 4)):
+        result = run_hflow("eval", recipe, "--checkpoint", str(directory), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        printed = dict(line.split() for line in result.stdout.splitlines() if line.startswith("eval/"))
+        assert set(printed) == {"eval/reward", "eval/accuracy", "eval/pass@2", "eval/response_length"}
+        # The policy of step k scored alone gives what training logged at step k.
+        for key in printed:
+            assert float(printed[key]) == pytest.approx(logged[step][key], abs=1e-4), (directory, key)
+    assert logged[2]["eval/reward"] != logged[4]["eval/reward"]  # the comparison can tell policies apart
+
+
+def test_eval_bad_input_is_one_line(tmp_path, tiny_model):
+    bad_dir = tmp_path / "empty"
+    bad_dir.mkdir()
+    result = run_hflow("eval", "grpo/quickstart", "--checkpoint", str(bad_dir),
+                       "--set", "data.eval=synthetic:digits", "--set", f"model.path={tiny_model}", cwd=tmp_path)
+    assert_one_line_error(result, "--checkpoint", "not a checkpoint")
+    result = run_hflow("eval", "grpo/quickstart", "--checkpoint", str(bad_dir), cwd=tmp_path)
+    assert_one_line_error(result, "data.eval is not set")
+
+
+def test_train_refuses_an_eval_file_without_the_reward_columns(tmp_path, tiny_model):
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"prompt": "write digits: "}) + "\n")
+    result = run_hflow("train", "grpo/quickstart", "--set", f"model.path={tiny_model}", "--set", f"data.eval={data}",
+                       "--set", "trainer.eval_every=2", "--output-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert_one_line_error(result, "data.eval", "no column 'task', 'answer'")
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was made
+    result = run_hflow("validate", "grpo/quickstart", "--set", "trainer.eval_every=2", cwd=tmp_path)
+    assert_one_line_error(result, "trainer.eval_every > 0 needs data.eval")
