@@ -50,13 +50,14 @@ def build_tiny_tokenizer():
     return tokenizer
 
 
-def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0,
+                     tie_word_embeddings: bool = False) -> Path:
     """Write a small Llama model and its tokenizer to `out_dir` (safetensors, fixed seed)."""
     from transformers import LlamaForCausalLM
 
     out = Path(out_dir)
     tokenizer = build_tiny_tokenizer()
-    config = tiny_config(tokenizer, size)
+    config = tiny_config(tokenizer, size, tie_word_embeddings=tie_word_embeddings)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
@@ -96,8 +97,7 @@ def tiny_config(tokenizer, size: str = "tiny", **extra):
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-        **extra,
+        **{"tie_word_embeddings": False, **extra},
     )
 
 

@@ -30,7 +30,9 @@ Weights go in through vLLM's in-place reload (`collective_rpc("reload_weights",
 weights_iterator=...)`, model_loader/reload/inplace.py), not `model.load_weights` on the live
 model: the reload restores each layer to its checkpoint layout, loads it, and runs the layer's
 post-load processing again. That is required on the CPU, whose linear layers are repacked for
-oneDNN after loading (their `weight` parameter is empty afterwards), and harmless on CUDA. The
+oneDNN after loading (their `weight` parameter is empty afterwards), and harmless on CUDA. After
+it, the CPU kernels of the layers that keep their weight (embedding, LM head) are rebuilt: a tied
+LM head is not reloaded itself (`_repack_kept_weights`). The
 iterator pulls the training engine's buckets one at a time (`weight_sync.weight_buckets`), so a
 fused vLLM layer (q/k/v -> qkv_proj) may take its parts from two buckets.
 
@@ -206,6 +208,7 @@ class VLLMGenerator:
         if self.sleeps:
             self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _flatten(buckets)})
+        self.llm.apply_model(_repack_kept_weights)
         if self.sleeps:
             self.llm.wake_up(tags=["kv_cache"])
 
@@ -288,14 +291,34 @@ def _flatten(buckets: Iterable[Bucket]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 @torch.no_grad()
+def _repack_kept_weights(model: torch.nn.Module) -> None:
+    """Rebuild the CPU kernel of every layer that keeps its weight next to a packed copy of it (the
+    embedding and the LM head: `cpu_linear` with a non-empty `weight`). A tied LM head needs it: it
+    shares the embedding's weight, which the reload refills, but vLLM's loader skips `lm_head.*`
+    for tied models, so the head itself is never reprocessed and its packed copy would keep the
+    start-up (dummy) weights. No such layers on a GPU."""
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and weight is not None and weight.numel() > 0:
+            module.quant_method.process_weights_after_loading(module)
+
+
+@torch.no_grad()
 def _read_model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter of a vLLM model, whole; a CPU-repacked linear weight through its kernel."""
+    """Every parameter of a vLLM model, whole. On the CPU, a linear layer's weight and the LM head's
+    are read through the kernel that computes with them (x = I gives W^T exactly): the linear
+    layers keep only a repacked copy, and the LM head's packed copy can differ from its weight."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
     out = {}
     for module_name, module in model.named_modules():
         for name, param in module.named_parameters(recurse=False):
             key = f"{module_name}.{name}" if module_name else name
-            if name == "weight" and param.numel() == 0 and hasattr(module, "cpu_linear"):
-                eye = torch.eye(module.input_size_per_partition, dtype=param.dtype)
+            through_kernel = name == "weight" and hasattr(module, "cpu_linear") and (
+                param.numel() == 0 or isinstance(module, ParallelLMHead))
+            if through_kernel:
+                size = getattr(module, "input_size_per_partition", None) or param.shape[1]
+                eye = torch.eye(size, dtype=param.dtype)
                 out[key] = module.cpu_linear(eye, None, None).t().contiguous()
             else:
                 out[key] = param.detach().clone()

