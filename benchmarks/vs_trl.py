@@ -104,6 +104,7 @@ def run_trl(model_dir: str, steps: int, out: str, threads: int) -> dict:
 
 
 def main() -> None:
+    global PROMPTS, MAX_NEW, LR  # the run functions read the settings chosen on the command line
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12, help="steps per run (the first 2 are warm-up)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each framework, alternating")
@@ -119,7 +120,6 @@ def main() -> None:
     if args.steps < 3:
         parser.error("--steps must be at least 3 (two warm-up steps are dropped)")
     threads = args.threads or torch.get_num_threads()
-    global PROMPTS, MAX_NEW, LR
     PROMPTS, MAX_NEW, LR = args.prompts, args.max_new, args.lr
 
     from hflow.cli.quiet import quiet_libraries
