@@ -23,11 +23,7 @@ def read_rows(cfg: DataConfig, seed: int) -> list[dict]:
     """The raw rows of `data.train`, each with the prompt under the key `prompt`."""
     spec = cfg.train
     if spec.startswith("synthetic:"):
-        task = spec.split(":", 1)[1]
-        if task not in tasks.TASKS:
-            raise UserError(f"data.train {spec!r}: unknown synthetic task; accepted: "
-                            + ", ".join(f"synthetic:{t}" for t in tasks.TASKS))
-        return tasks.make_rows(task, cfg.synthetic_size, seed)
+        return tasks.make_rows(_synthetic_task(spec, "data.train"), cfg.synthetic_size, seed)
     rows = read_table(spec, "data.train", "a prompt column")
     if not rows:
         raise UserError(f"data.train '{spec}': the data set is empty")
@@ -39,6 +35,15 @@ def read_rows(cfg: DataConfig, seed: int) -> list[dict]:
     return rows
 
 
+def _synthetic_task(spec: str, key: str) -> str:
+    """The task of `synthetic:TASK`; an unknown one is a user error naming `key`."""
+    task = spec.split(":", 1)[1]
+    if task not in tasks.TASKS:
+        raise UserError(f"{key} {spec!r}: unknown synthetic task; accepted: "
+                        + ", ".join(f"synthetic:{t}" for t in tasks.TASKS))
+    return task
+
+
 SYNTHETIC_EVAL_SIZE = 128  # held-out problems a `synthetic:` eval draws when data.eval_size is unset
 
 
@@ -47,10 +52,7 @@ def read_eval_rows(cfg: DataConfig, reward_function: str | None, seed: int) -> l
     reward function reads (so that a bad eval file stops the run before it starts, not mid-run)."""
     spec = cfg.eval
     if spec.startswith("synthetic:"):
-        task = spec.split(":", 1)[1]
-        if task not in tasks.TASKS:
-            raise UserError(f"data.eval {spec!r}: unknown synthetic task; accepted: "
-                            + ", ".join(f"synthetic:{t}" for t in tasks.TASKS))
+        task = _synthetic_task(spec, "data.eval")
         return tasks.make_rows(task, cfg.eval_size or SYNTHETIC_EVAL_SIZE, seed, split="eval")
     rows = read_table(spec, "data.eval", "a prompt column")[:cfg.eval_size]
     if not rows:
