@@ -1,7 +1,7 @@
 """Weight sync of the hybrid engine: the actor's training parameters, streamed in buckets.
 
 The training engine (DeepSpeed ZeRO) owns the weights; a separate generation engine (vLLM)
-needs a copy of them in its own layout after every update. `stream_weights` hands them over
+needs a copy of them in its own layout after every update. `weight_buckets` hands them over
 bucket by bucket, so the extra memory at any moment is one bucket, never a second state dict:
 
 - buckets hold whole tensors, at most `bucket_bytes` each (counted in the generation dtype);
@@ -37,11 +37,10 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
-Consumer = Callable[[list[tuple[str, torch.Tensor]]], None]
 
 
 @dataclass
@@ -96,15 +95,6 @@ def weight_buckets(module: torch.nn.Module, bucket_bytes: int, dtype: torch.dtyp
         stats.bytes += size
         stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
         stats.seconds = time.perf_counter() - start
-
-
-def stream_weights(module: torch.nn.Module, consumer: Consumer, bucket_bytes: int, dtype: torch.dtype,
-                   zero3: bool = False) -> SyncStats:
-    """Call `consumer` with every bucket of `weight_buckets`; the tensors are valid during the call."""
-    stats = SyncStats()
-    for bucket in weight_buckets(module, bucket_bytes, dtype, zero3, stats):
-        consumer(bucket)
-    return stats
 
 
 def _gathered(params: list[torch.nn.Parameter], zero3: bool):

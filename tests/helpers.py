@@ -68,12 +68,13 @@ def read_events(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
 
 
-def resume_after_crash(run: Path) -> list[dict]:
-    """Make a finished 6-step run (checkpoints every 3 steps) look as if it crashed after step 5:
-    the last complete checkpoint is step 3, steps 4-5 were logged, step 6's checkpoint never
-    happened. Resume it with `hflow train --resume` and return the events afterwards."""
-    shutil.rmtree(run / "checkpoints" / "step_000006")
-    lines = (run / "events.jsonl").read_text().splitlines()[:5]
+def resume_after_crash(run: Path, crashed_after: int = 5, last: int = 6) -> list[dict]:
+    """Make a finished run of `last` steps look as if it crashed after step `crashed_after`: step
+    `last`'s checkpoint never happened, so the one before it is the last complete checkpoint, and
+    the steps after that were logged up to the crash. Resume it with `hflow train --resume` and return the
+    events afterwards."""
+    shutil.rmtree(run / "checkpoints" / f"step_{last:06d}")
+    lines = (run / "events.jsonl").read_text().splitlines()[:crashed_after]
     (run / "events.jsonl").write_text("\n".join(lines) + "\n")
     resumed = run_hflow("train", "--resume", str(run))
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -19,7 +19,7 @@ def run(rank: int, world_size: int, port: int, stage: int, model_path: str, out_
 
     from hflow.engine.dist import ensure_process_group
     from hflow.engine.models import load_causal_lm
-    from hflow.engine.weight_sync import full_numel, stream_weights
+    from hflow.engine.weight_sync import SyncStats, full_numel, weight_buckets
 
     ensure_process_group(torch.device("cpu"), rank, world_size)
     model = load_causal_lm(model_path, torch.float32)
@@ -51,7 +51,9 @@ def run(rank: int, world_size: int, port: int, stage: int, model_path: str, out_
     for dtype in (torch.float32, torch.bfloat16):
         streamed: dict[str, torch.Tensor] = {}
         buckets = []
-        stats = stream_weights(module, consumer, bucket_bytes, dtype, zero3=zero3)
+        stats = SyncStats()
+        for pairs in weight_buckets(module, bucket_bytes, dtype, zero3, stats):
+            consumer(pairs)  # runs while exactly this bucket is gathered
         torch.save(streamed, out / f"streamed-{rank}-{str(dtype).removeprefix('torch.')}.pt")
         results[str(dtype)] = {"buckets": buckets, "stats": vars(stats)}
     # Reference: the whole model gathered at once (the export path), independent of bucketing.

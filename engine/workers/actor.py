@@ -60,8 +60,8 @@ class ActorWorker(Worker):
         eos = eos if isinstance(eos, list) else [eos]
         rollout_engine = None
         if r.rollout.engine == "vllm":
-            # Before DeepSpeed allocates anything: vLLM sizes its KV cache from the free memory it
-            # sees at start-up, then sleeps and gives it all back until the first rollout.
+            # Before DeepSpeed allocates anything: on a GPU vLLM sizes its KV cache from the free
+            # memory it sees at start-up, then sleeps and gives it all back until the first rollout.
             rollout_engine = self._create_vllm(dtype, eos, tokenizer.pad_token_id, model.config)
         model.to(device=self.device, dtype=dtype)
         if r.model.gradient_checkpointing:

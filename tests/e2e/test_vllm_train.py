@@ -1,12 +1,11 @@
 """`hflow train` with `rollout.engine: vllm` through the CLI, with the real vLLM (its CPU build
 here): GRPO learns, and a run resumed from a checkpoint logs what the uninterrupted run logged."""
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers import read_events, run_hflow, write_recipe
+from helpers import read_events, resume_after_crash, run_hflow, write_recipe
 
 COMPARED = ["reward/mean", "kl/mean", "entropy/mean", "response_length/mean", "actor/loss",
             "actor/grad_norm", "actor/lr"]
@@ -29,13 +28,7 @@ def test_grpo_with_vllm_learns_and_resumes_exactly(tmp_path, tiny_model, real_vl
     rewards = [e["reward/mean"] for e in reference]
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.15, rewards  # it learned
 
-    # As if it crashed after step 10: the last complete checkpoint is step 6.
-    shutil.rmtree(run / "checkpoints" / "step_000012")
-    lines = (run / "events.jsonl").read_text().splitlines()[:10]
-    (run / "events.jsonl").write_text("\n".join(lines) + "\n")
-    resumed = run_hflow("train", "--resume", str(run))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    again = read_events(run)
+    again = resume_after_crash(run, crashed_after=10, last=12)  # resumes from step 6
     assert [e["step"] for e in again] == list(range(1, 13))
     for before, after in zip(reference[6:], again[6:]):
         for key in COMPARED:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hflow.engine.weight_sync import plan_buckets, stream_weights
+from hflow.engine.weight_sync import SyncStats, plan_buckets, weight_buckets
 
 
 def test_plan_buckets_bounds_and_keeps_order():
@@ -19,7 +19,7 @@ def test_plan_buckets_bounds_and_keeps_order():
     assert buckets == [[0, 1], [2], [3, 4, 5], [6], [7]]
 
 
-def test_stream_weights_single_process_is_exact(tiny_model):
+def test_weight_buckets_single_process_are_exact(tiny_model):
     from hflow.engine.models import load_causal_lm
 
     model = load_causal_lm(str(tiny_model), torch.float32)
@@ -31,7 +31,9 @@ def test_stream_weights_single_process_is_exact(tiny_model):
         received.update({n: t.clone() for n, t in pairs})
 
     bucket = 4096
-    stats = stream_weights(model, consumer, bucket, torch.bfloat16)
+    stats = SyncStats()
+    for pairs in weight_buckets(model, bucket, torch.bfloat16, stats=stats):
+        consumer(pairs)
     names = [n for n, _ in model.named_parameters()]
     assert list(received) == names
     largest = max(p.numel() for p in model.parameters()) * 2
