@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,8 @@ def read_wandb_records(run_file: Path) -> list:
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):  # a record still being written
+            break
         chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 0:
             break
@@ -58,6 +61,18 @@ def read_wandb_records(run_file: Path) -> list:
             record.ParseFromString(pending)
             records.append(record)
     return records
+
+
+def finished_records(run_file: Path, timeout_s: float = 60.0) -> list:
+    """The records once wandb's exit record is in the file. wandb's service process writes the
+    file and may still be flushing it when ``run.finish()`` returns (seen on a loaded CI machine:
+    no history yet), so wait for the record that ends a run."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = read_wandb_records(run_file)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
 
 
 def item_key(item) -> str:
@@ -85,7 +100,7 @@ def test_offline_run_has_the_same_metric_keys(wandb_env):
 
     run_files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(run_files) == 1  # wandb's files live under <run_dir>/wandb
-    records = read_wandb_records(run_files[0])
+    records = finished_records(run_files[0])
     rows = history(records)
     assert [int(r["_step"]) for r in rows] == [1, 2, 3]
     for row, ev in zip(rows, EVENTS):
@@ -113,7 +128,7 @@ def test_eval_events_reach_wandb_at_their_steps(wandb_env):
     for ev in events:
         logger.log(ev)
     logger.finish("finished")
-    rows = history(read_wandb_records(next((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))))
+    rows = history(finished_records(next((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))))
     assert [int(r["_step"]) for r in rows] == [0, 1, 2]
     assert float(rows[0]["eval/accuracy"]) == 0.25 and "reward/mean" not in rows[0]
     assert "eval/accuracy" not in rows[1]
