@@ -19,7 +19,7 @@ from hflow.mapper.devices import resolve_device
 from hflow.mapper.search import Mapper
 from hflow.mapper.strategy import Setting
 from hflow.mapper.workload import workload_from_recipe
-from hflow.trainer.recipe_load import build_recipe, load_recipe
+from hflow.trainer.config.load import build_recipe, load_recipe
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes" / "ppo"
 MODELS = ["llama2-7b", "llama2-13b", "codellama-34b", "llama2-70b"]

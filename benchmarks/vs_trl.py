@@ -33,9 +33,9 @@ PROMPTS, MAX_NEW, LR = 16, 64, 1e-3  # defaults of --prompts, --max-new, --lr
 
 
 def run_hflow(model_dir: str, steps: int, out: str, engine: str = "hf") -> dict:
-    from hflow.trainer import grpo
-    from hflow.trainer.recipe_load import load_recipe
-    from hflow.trainer.run import RunDir
+    from hflow.trainer.algorithms import grpo
+    from hflow.trainer.config.load import load_recipe
+    from hflow.trainer.rundir.writer import RunDir
 
     recipe, _ = load_recipe("grpo/quickstart", [
         f"model.path={model_dir}", "model.init=null", f"trainer.total_steps={steps}", "trainer.save_every=0",
@@ -61,8 +61,8 @@ def run_trl(model_dir: str, steps: int, out: str, threads: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from hflow.trainer.rewards import synthetic
-    from hflow.trainer.tasks import make_rows
+    from hflow.trainer.data.rewards import synthetic
+    from hflow.trainer.data.tasks import make_rows
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -123,7 +123,7 @@ def main() -> None:
     PROMPTS, MAX_NEW, LR = args.prompts, args.max_new, args.lr
 
     from hflow.cli.quiet import quiet_libraries
-    from hflow.engine.models import build_tiny_model
+    from hflow.engine.models.loading import build_tiny_model
 
     quiet_libraries()
     runs = {"hflow": lambda model, steps, out: run_hflow(model, steps, out, args.engine),

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from hflow.trainer.recipe_load import check_runtime, load_recipe
+from hflow.trainer.config.load import check_runtime, load_recipe
 
 
 class What(str, Enum):
@@ -29,7 +29,7 @@ def bench(
     global batch / step time, the HybridFlow paper's metric), or the actor's phase switch time
     and each rank's memory across it."""
     from hflow.cli.quiet import quiet_libraries
-    from hflow.trainer import bench as measure
+    from hflow.trainer.control import bench as measure
 
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
@@ -37,7 +37,7 @@ def bench(
     if loaded.model.init:
         from pathlib import Path
 
-        from hflow.engine.models import build_tiny_model
+        from hflow.engine.models.loading import build_tiny_model
 
         if not Path(loaded.model.path).exists():
             build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)

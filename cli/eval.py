@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from hflow.errors import UserError
-from hflow.trainer.recipe_load import check_runtime, load_recipe
+from hflow.trainer.config.load import check_runtime, load_recipe
 
 
 def eval_(
@@ -22,7 +22,7 @@ def eval_(
     eval/reward, eval/accuracy (share of responses with reward >= 1), eval/pass@n (eval.n > 1) and
     eval/response_length, one per line."""
     from hflow.cli.quiet import quiet_libraries
-    from hflow.trainer.evaluate import evaluate_model
+    from hflow.trainer.control.evaluate import evaluate_model
 
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)

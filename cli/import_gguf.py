@@ -16,7 +16,7 @@ def import_gguf(
     (with its chat template) and generation_config.json; `model.path: OUT_DIR` then trains it.
     Nothing is downloaded. Needs: pip install gguf accelerate."""
     from hflow.cli.quiet import quiet_libraries
-    from hflow.engine.gguf_import import import_gguf as run_import
+    from hflow.engine.models.gguf_import import import_gguf as run_import
 
     quiet_libraries()
     typer.echo(str(run_import(file, out_dir)))

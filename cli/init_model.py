@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from hflow.engine.gguf_import import SHIPPED_GGUF
-from hflow.engine.models import TINY_SHAPES
+from hflow.engine.models.gguf_import import SHIPPED_GGUF
+from hflow.engine.models.loading import TINY_SHAPES
 from hflow.errors import UserError
 
 SCORERS = {"tiny-reward": "reward", "tiny-cost": "cost"}
@@ -39,17 +39,17 @@ def init_model(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir}: exists and is not empty; choose a new directory")
     if kind in SHIPPED_GGUF:
-        from hflow.engine.gguf_import import import_gguf, shipped_gguf
+        from hflow.engine.models.gguf_import import import_gguf, shipped_gguf
 
         import_gguf(shipped_gguf(kind), out_dir)
     elif kind in SCORERS:
-        from hflow.engine.tiny_scorers import train_tiny_scorer
+        from hflow.trainer.data.tiny_scorers import train_tiny_scorer
 
         card = train_tiny_scorer(out_dir, SCORERS[kind], task, seed, steps)
         quality = {k: v for k, v in card.items() if k.startswith("held_out")}
         typer.echo(f"{kind} for task {task}: " + ", ".join(f"{k} {v}" for k, v in quality.items()), err=True)
     else:
-        from hflow.engine.models import build_tiny_model
+        from hflow.engine.models.loading import build_tiny_model
 
         build_tiny_model(out_dir, kind, seed)
     typer.echo(str(out_dir))

@@ -46,7 +46,7 @@ def map(  # noqa: A001 - the command is `hflow map`
     """
     from hflow.mapper.plan import plan_placement
     from hflow.mapper.report import format_plan
-    from hflow.trainer.recipe_load import load_recipe
+    from hflow.trainer.config.load import load_recipe
 
     try:
         loaded, path = load_recipe(recipe, set_ or ())

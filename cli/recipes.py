@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from hflow.errors import UserError
-from hflow.trainer.recipe_load import RECIPES_DIR, resolve_recipe_path, shipped_recipes
+from hflow.trainer.config.load import RECIPES_DIR, resolve_recipe_path, shipped_recipes
 
 app = typer.Typer(help="List, print and copy the recipes shipped with hflow.", no_args_is_help=True)
 

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hflow.trainer.rundir_read import RunDirError, find_runs, read_last_event, read_status, start_time
+from hflow.trainer.rundir.read import RunDirError, find_runs, read_last_event, read_status, start_time
 
 STATUS_STYLE = {"running": "green", "finished": "blue", "failed": "red"}
 

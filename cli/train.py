@@ -9,10 +9,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from hflow.engine.worker import WorkerError
+from hflow.engine.groups.worker import WorkerError
 from hflow.errors import UserError
-from hflow.trainer.recipe import Recipe
-from hflow.trainer.recipe_load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
 
 # What --set may change on --resume: keys that do not alter the run's math.
 RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.",
@@ -33,9 +33,9 @@ def train(
 ) -> None:
     """Train with RECIPE. Writes a run directory (recipe, events.jsonl, checkpoints, log)."""
     from hflow.cli.quiet import quiet_libraries
-    from hflow.engine.models import build_tiny_model
-    from hflow.trainer.algorithms import trainer_for
-    from hflow.trainer.run import RunDir
+    from hflow.engine.models.loading import build_tiny_model
+    from hflow.trainer.algorithms.registry import trainer_for
+    from hflow.trainer.rundir.writer import RunDir
 
     quiet_libraries()
     if resume is not None:
@@ -76,8 +76,8 @@ def train(
 
 def _check_inputs(recipe: Recipe) -> None:
     """Catch missing models and unreadable data before a run directory is made for them."""
-    from hflow.engine.models import check_model_source
-    from hflow.trainer.data import read_eval_rows, read_rows
+    from hflow.engine.models.loading import check_model_source
+    from hflow.trainer.data.prompts import read_eval_rows, read_rows
 
     for role, path in recipe.role_models().items():
         check_model_source(path, f"{role} model")

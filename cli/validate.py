@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from hflow.trainer.recipe_load import check_runtime, load_recipe
+from hflow.trainer.config.load import check_runtime, load_recipe
 
 
 def validate(

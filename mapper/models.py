@@ -96,7 +96,7 @@ _CATALOG: list[tuple[ModelShape, tuple[str, ...]]] = [
     (_qwen2("Qwen/Qwen2.5-14B", 48, 5120, 40, 8, 13824, 152064), ("qwen2.5-14b",)),
     (_qwen2("Qwen/Qwen2.5-32B", 64, 5120, 40, 8, 27648, 152064), ("qwen2.5-32b",)),
     (_qwen2("Qwen/Qwen2.5-72B", 80, 8192, 64, 8, 29568, 152064), ("qwen2.5-72b",)),
-    # The models `hflow init-model` builds locally (engine/models.py TINY_SHAPES; 55-character vocabulary),
+    # The models `hflow init-model` builds locally (engine/models/loading.py TINY_SHAPES; 55-character vocabulary),
     # for recipes with `model.init: tiny` whose directory does not exist yet.
     (_llama("tiny", 2, 64, 4, 4, 192, 55), ()),
     (_llama("small", 4, 256, 8, 8, 768, 55), ()),

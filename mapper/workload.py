@@ -64,7 +64,7 @@ class Workload:
 
 
 def workload_from_recipe(recipe, device_dtype_bytes: int = 2, names: dict | None = None) -> Workload:
-    """The Workload of a validated `hflow.trainer.recipe.Recipe`.
+    """The Workload of a validated `hflow.trainer.config.recipe.Recipe`.
 
     `device_dtype_bytes` resolves `model.dtype: auto` (bf16 on GPUs, fp32 on CPU, as the trainer does).
     """

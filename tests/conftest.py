@@ -14,6 +14,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 REPO = Path(__file__).resolve().parent.parent
 
+from fake_runs import event_line, run_factory  # noqa: E402,F401  (fixtures for the monitor and run readers)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -26,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from hflow.engine.models import build_tiny_model
+    from hflow.engine.models.loading import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", "tiny", seed=0)
 
@@ -34,7 +36,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def real_vllm():
     """vLLM's build for this machine; CI installs it (`make setup`), so there a missing one fails."""
-    from hflow.engine.vllm_engine import unavailable_reason
+    from hflow.engine.rollout.vllm_engine import unavailable_reason
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     problem = unavailable_reason(device)

@@ -6,7 +6,7 @@ The first call scores normally; the second raises (or kills its own process).
 import os
 import signal
 
-from hflow.trainer.rewards import synthetic
+from hflow.trainer.data.rewards import synthetic
 
 _calls = {"n": 0}
 

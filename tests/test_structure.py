@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hflow.cli.app import app
-from hflow.trainer.recipe_load import load_recipe, shipped_recipes
+from hflow.trainer.config.load import load_recipe, shipped_recipes
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = [p.parent for p in ROOT.rglob("__init__.py")

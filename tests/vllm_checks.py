@@ -20,10 +20,10 @@ import torch
 
 
 def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int = 1):
-    from hflow.engine.models import load_tokenizer
-    from hflow.trainer.data import PromptData
-    from hflow.trainer.placement import build_worker_groups
-    from hflow.trainer.recipe_load import build_recipe
+    from hflow.engine.models.loading import load_tokenizer
+    from hflow.trainer.data.prompts import PromptData
+    from hflow.trainer.control.placement import build_worker_groups
+    from hflow.trainer.config.load import build_recipe
 
     recipe = build_recipe({
         "model": {"path": model, "dtype": "float32"},
@@ -43,7 +43,7 @@ def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int
 
 def greedy(actor, data) -> dict:
     """vLLM's greedy tokens against the hf engine's, on the same (synced) weights."""
-    from hflow.engine.generation import HFGenerator, SamplingParams
+    from hflow.engine.rollout.generation import HFGenerator, SamplingParams
 
     prompts = data.batch(1)
     prompts.meta["greedy"] = True
@@ -81,7 +81,7 @@ def sync(actor, data, tmp: str) -> dict:
     after each of two updates (each rank of a data-parallel group reports its own)."""
     from safetensors.torch import load_file
 
-    from hflow.engine.batch import Batch
+    from hflow.engine.groups.batch import Batch
 
     result = {"drift": [], "changed_by_update": []}
     batch = actor.generate_sequences(data.batch(1))
@@ -104,10 +104,10 @@ def greedy_tensor_parallel(model: str, device: str, tmp: str) -> dict:
     holds half of every layer, so its weights are checked through what they compute. Its greedy
     tokens against the hf engine on the policy exported at the same moment, before and after an
     update."""
-    from hflow.engine.batch import Batch
-    from hflow.engine.generation import HFGenerator, SamplingParams
-    from hflow.engine.models import load_causal_lm
-    from hflow.engine.worker import resolve
+    from hflow.engine.groups.batch import Batch
+    from hflow.engine.rollout.generation import HFGenerator, SamplingParams
+    from hflow.engine.models.loading import load_causal_lm
+    from hflow.engine.groups.worker import resolve
 
     actor, data = _actor(model, device, 1, slots=2, tp=2)
     result = {"rows": [], "same_tokens_rows": [], "tokens": []}

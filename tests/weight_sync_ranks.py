@@ -17,9 +17,9 @@ def run(rank: int, world_size: int, port: int, stage: int, model_path: str, out_
     torch.set_num_threads(1)
     import deepspeed
 
-    from hflow.engine.dist import ensure_process_group
-    from hflow.engine.models import load_causal_lm
-    from hflow.engine.weight_sync import SyncStats, full_numel, weight_buckets
+    from hflow.engine.groups.dist import ensure_process_group
+    from hflow.engine.models.loading import load_causal_lm
+    from hflow.engine.rollout.weight_sync import SyncStats, full_numel, weight_buckets
 
     ensure_process_group(torch.device("cpu"), rank, world_size)
     model = load_causal_lm(model_path, torch.float32)

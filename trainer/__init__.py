@@ -1,1 +1,3 @@
-"""Single-controller RL programs and the pure RL math they use."""
+"""The single controller: algorithms (algorithms/), the recipe (config/), the session and
+placement (control/), data (data/), the run directory (rundir/), reports (report/), and the
+pure RL math (advantages, losses, kl_control, safe_rlhf) at its documented public paths."""

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hflow.trainer.rundir_read import RunDirError, check_run_dir, newest_run
+from hflow.trainer.rundir.read import RunDirError, check_run_dir, newest_run
 
 DEFAULT_RUNS = Path("runs")
 

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hflow.cli.monitor.charts import ChartSpec, fmt_num
-from hflow.trainer.rundir_read import MetricTable, RunWatcher, iter_memory_keys
+from hflow.trainer.rundir.read import MetricTable, RunWatcher, iter_memory_keys
 
 STATUS_STYLE = {"running": "bold green", "finished": "bold blue", "failed": "bold red"}
 

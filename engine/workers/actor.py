@@ -19,18 +19,18 @@ from pathlib import Path
 
 import torch
 
-from hflow.engine.batch import Batch
-from hflow.engine.dispatch import Dispatch, register
-from hflow.engine.dist import ensure_process_group, peak_memory_bytes
-from hflow.engine.generation import HFGenerator, SamplingParams
-from hflow.engine.hybrid import PhaseSwitch
-from hflow.engine.logprobs import batched_log_probs, ptx_loss, response_log_probs
-from hflow.engine.packing import global_token_count, micro_batches, pad_rollout
-from hflow.engine.models import load_causal_lm, load_tokenizer, resolve_dtype
-from hflow.engine.worker import Worker
-from hflow.trainer.losses import kl_estimate, masked_mean, ppo_policy_loss
-from hflow.trainer.recipe import Recipe
-from hflow.trainer.seeding import stream_seed
+from hflow.engine.groups.batch import Batch
+from hflow.engine.groups.dispatch import Dispatch, register
+from hflow.engine.groups.dist import ensure_process_group, peak_memory_bytes
+from hflow.engine.rollout.generation import HFGenerator, SamplingParams
+from hflow.engine.rollout.hybrid import PhaseSwitch
+from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
+from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
+from hflow.engine.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
+from hflow.engine.groups.worker import Worker
+from hflow.engine.training.losses import kl_estimate, masked_mean, ppo_policy_loss
+from hflow.trainer.config.recipe import Recipe
+from hflow.engine.seeding import stream_seed
 
 
 class ActorWorker(Worker):
@@ -44,7 +44,7 @@ class ActorWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, total_updates: int, checkpoint: str | None = None) -> None:
         """Load the policy, wrap it in DeepSpeed, and restore `checkpoint` when resuming."""
-        from hflow.engine.train_engine import TrainEngine
+        from hflow.engine.training.train_engine import TrainEngine
 
         r = self.recipe
         ensure_process_group(self.device, self.rank, self.world_size)
@@ -88,7 +88,7 @@ class ActorWorker(Worker):
         )
 
     def _create_vllm(self, dtype: torch.dtype, eos: list[int], pad_token_id: int, config):
-        from hflow.engine.vllm_engine import VLLMGenerator
+        from hflow.engine.rollout.vllm_engine import VLLMGenerator
 
         r = self.recipe
         return VLLMGenerator.create(
@@ -124,7 +124,7 @@ class ActorWorker(Worker):
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sample `rollout.n` responses for each row's `prompt_ids` (see the module docstring)."""
         r = self.recipe.rollout
-        evaluation = prompts.meta.get("eval")  # {n, temperature, max_response_length}: `trainer/evaluate.py`
+        evaluation = prompts.meta.get("eval")  # {n, temperature, max_response_length}: `trainer/control/evaluate.py`
         stream = "eval" if evaluation else "rollout"  # evaluation never draws from the rollout's stream
         seed = stream_seed(self.recipe.seed, stream, prompts.meta["step"], self.rank)
         rng = torch.Generator(device=self.device).manual_seed(seed)

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import torch
 
-from hflow.engine.batch import Batch
-from hflow.engine.packing import global_token_count, micro_batches
-from hflow.engine.dispatch import Dispatch, register
-from hflow.engine.dist import ensure_process_group
-from hflow.engine.models import resolve_dtype
-from hflow.engine.score_model import load_score_model
-from hflow.engine.worker import Worker
-from hflow.trainer.losses import value_loss
-from hflow.trainer.recipe import Recipe
+from hflow.engine.groups.batch import Batch
+from hflow.engine.training.packing import global_token_count, micro_batches
+from hflow.engine.groups.dispatch import Dispatch, register
+from hflow.engine.groups.dist import ensure_process_group
+from hflow.engine.models.loading import resolve_dtype
+from hflow.engine.models.score_model import load_score_model
+from hflow.engine.groups.worker import Worker
+from hflow.engine.training.losses import value_loss
+from hflow.trainer.config.recipe import Recipe
 
 
 class CriticWorker(Worker):
@@ -41,7 +41,7 @@ class CriticWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, checkpoint: str | None = None) -> None:
         """Load the value model, wrap it in DeepSpeed, and restore `checkpoint` when resuming."""
-        from hflow.engine.train_engine import TrainEngine
+        from hflow.engine.training.train_engine import TrainEngine
 
         r, cfg = self.recipe, self.recipe.critic
         ensure_process_group(self.device, self.rank, self.world_size)

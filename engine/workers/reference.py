@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from hflow.engine.batch import Batch
-from hflow.engine.dispatch import Dispatch, register
-from hflow.engine.logprobs import batched_log_probs
-from hflow.engine.models import load_causal_lm, resolve_dtype
-from hflow.engine.worker import Worker
-from hflow.trainer.recipe import Recipe
+from hflow.engine.groups.batch import Batch
+from hflow.engine.groups.dispatch import Dispatch, register
+from hflow.engine.training.logprobs import batched_log_probs
+from hflow.engine.models.loading import load_causal_lm, resolve_dtype
+from hflow.engine.groups.worker import Worker
+from hflow.trainer.config.recipe import Recipe
 
 
 class ReferenceWorker(Worker):

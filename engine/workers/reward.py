@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import torch
 
-from hflow.engine.batch import Batch
-from hflow.engine.dispatch import Dispatch, register
-from hflow.engine.rollout_output import positions
-from hflow.engine.models import load_tokenizer, resolve_dtype
-from hflow.engine.score_model import last_token_scores, load_score_model
-from hflow.engine.worker import Worker
+from hflow.engine.groups.batch import Batch
+from hflow.engine.groups.dispatch import Dispatch, register
+from hflow.engine.rollout.assembly import positions
+from hflow.engine.models.loading import load_tokenizer, resolve_dtype
+from hflow.engine.models.score_model import last_token_scores, load_score_model
+from hflow.engine.groups.worker import Worker
 from hflow.errors import UserError
-from hflow.trainer.recipe import Recipe
-from hflow.trainer.rewards import load_reward_fn
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.data.rewards import load_reward_fn
 
 # Columns the worker itself adds or reads; the rest go to the reward function.
 _INTERNAL = {"prompt_ids", "uid", "prompt"}

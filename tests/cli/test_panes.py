@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hflow.cli.monitor import panes
-from hflow.trainer.rundir_read import MetricTable, RunWatcher
+from hflow.trainer.rundir.read import MetricTable, RunWatcher
 
 
 def table_of(events: list[dict]) -> MetricTable:

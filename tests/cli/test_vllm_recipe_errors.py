@@ -12,7 +12,7 @@ import pytest
 
 from helpers import assert_one_line_error, run_hflow, write_recipe
 from hflow.errors import UserError
-from hflow.trainer.recipe_load import build_recipe
+from hflow.trainer.config.load import build_recipe
 
 # `hflow` in a fresh process that cannot find vLLM, installed or not.
 WITHOUT_VLLM = ("import importlib.util, sys; find = importlib.util.find_spec; "
@@ -73,7 +73,7 @@ def test_impossible_combinations(recipe, overrides, needles):
 
 
 def test_tensor_parallel_size_must_divide_the_actor_ranks(tiny_model):
-    from hflow.trainer.session import _check_divisible
+    from hflow.trainer.control.session import _check_divisible
 
     recipe = build_recipe({"model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits"},
                            "rollout": {"engine": "vllm", "tensor_parallel_size": 2},
@@ -86,8 +86,8 @@ def test_tensor_parallel_size_must_divide_the_actor_ranks(tiny_model):
 
 
 def test_expandable_segments_conflict_with_sleep_mode(tiny_model, monkeypatch):
-    import hflow.engine.vllm_engine as vllm_engine
-    from hflow.trainer.recipe_load import check_runtime
+    import hflow.engine.rollout.vllm_engine as vllm_engine
+    from hflow.trainer.config.load import check_runtime
 
     recipe = build_recipe({"model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits"},
                            "rollout": {"engine": "vllm"}}, {}, "r.yaml")

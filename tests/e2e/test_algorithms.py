@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from helpers import read_events, run_hflow
-from hflow.trainer.tasks import high_digit_share, score_digits
+from hflow.trainer.data.tasks import high_digit_share, score_digits
 
 
 def _train(tmp_path: Path, recipe: str, *overrides: str) -> tuple[Path, list[dict], list[dict]]:

@@ -11,7 +11,7 @@ from hflow.mapper.devices import resolve_device
 from hflow.mapper.search import Mapper
 from hflow.mapper.strategy import Setting
 from hflow.mapper.workload import workload_from_recipe
-from hflow.trainer.recipe_load import load_recipe
+from hflow.trainer.config.load import load_recipe
 
 PPO_DIR = Path(__file__).resolve().parents[2] / "recipes" / "ppo"
 

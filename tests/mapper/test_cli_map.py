@@ -32,8 +32,8 @@ BELL = {1: 1, 2: 2, 3: 5, 4: 15, 5: 52}
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_map_every_shipped_recipe(invoke, recipe, tmp_path, monkeypatch):
-    from hflow.engine.models import build_tiny_model
-    from hflow.trainer.recipe_load import load_recipe
+    from hflow.engine.models.loading import build_tiny_model
+    from hflow.trainer.config.load import load_recipe
 
     loaded, _ = load_recipe(str(recipe))
     monkeypatch.chdir(tmp_path)  # local models a recipe's header says to build first: build them here

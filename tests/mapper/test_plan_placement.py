@@ -6,7 +6,7 @@ import pytest
 
 from hflow.errors import UserError
 from hflow.mapper.plan import plan_placement
-from hflow.trainer.recipe_load import build_recipe
+from hflow.trainer.config.load import build_recipe
 
 
 def _recipe(**sections):

@@ -1,7 +1,7 @@
 """The data preparation script's conversions, on hand-made rows (nothing is downloaded)."""
 
 from hflow.recipes.prepare_data import gsm8k_rows, hh_dialogue, pku_rows
-from hflow.trainer.rewards import exact_match
+from hflow.trainer.data.rewards import exact_match
 
 
 def test_hh_dialogue_drops_the_last_assistant_turn():

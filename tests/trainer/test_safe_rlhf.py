@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
-from hflow.engine.batch import Batch
-from hflow.trainer.recipe import Recipe
-from hflow.trainer.safe_rlhf import Lagrangian, combine_advantages, compute_advantages
+from hflow.engine.groups.batch import Batch
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.algorithms.safe_rlhf import compute_advantages
+from hflow.trainer.safe_rlhf import Lagrangian, combine_advantages
 
 
 def test_lagrangian_sgd_step_on_log_lambda():

@@ -1,0 +1,1 @@
+"""Worker groups and their transport: the Batch, dispatch protocols, local and Ray backends, process groups."""

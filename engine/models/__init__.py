@@ -1,0 +1,1 @@
+"""Models: loading causal LMs and tokenizers, score (reward/value) models, tiny and GGUF-imported models."""

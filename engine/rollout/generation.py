@@ -1,0 +1,221 @@
+"""The `hf` generation engine: batched sampling with a KV cache on a transformers model.
+
+It runs on the actor's own module (no copy of the weights): the n samples of a prompt
+share one prefill (the prompt's KV cache is repeated n times), finished sequences leave
+the decoding batch (a quarter of it at a time) so they stop costing compute, and the
+per-token log-probs of the sampled tokens come out of generation.
+
+Output rows are grouped by prompt: prompt 0's n samples, then prompt 1's, and so on.
+Shapes (N = prompts x n, P = longest prompt, R = longest response):
+  input_ids, attention_mask, position_ids   (N, P + R)  prompt left-padded, response right-padded
+  responses, response_mask, rollout_log_probs, rollout_entropy (N, R)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from hflow.engine.rollout.fast_decode import FastDecoder, supports
+from hflow.engine.rollout.assembly import assemble_rollout, positions
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask all but the top-k tokens and the smallest set holding top_p of the mass."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        # Drop a token when the mass before it already reaches top_p (the first always stays).
+        drop_sorted = probs.cumsum(-1) - probs >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class GumbelNoise:
+    """Gumbel noise for sampling by the Gumbel-max trick: the argmax of the logits plus
+    -log(-log(U)) noise is distributed as their softmax (masked -inf logits never win), and
+    costs a third of `torch.multinomial` on a CPU.
+
+    The noise of (step, row) is drawn ahead, on the generator's device, in blocks of steps of at
+    most `block_values` numbers, the blocks in step order (steps are asked for in order), so a
+    row's draws do not depend on which other rows are still in the batch.
+    """
+
+    def __init__(self, rows: int, vocab: int, steps: int, generator: torch.Generator | None,
+                 device: torch.device, block_values: int = 1 << 22):
+        self.rows, self.vocab, self.steps = rows, vocab, steps
+        self.block = max(1, min(steps, block_values // max(1, rows * vocab)))
+        self.generator, self.device = generator, device
+        self.start, self.values = 0, None
+
+    def at(self, step: int, rows: torch.Tensor | None) -> torch.Tensor:
+        """(len(rows), vocab) noise of this step for these output rows (None: all rows)."""
+        if self.values is None or not self.start <= step < self.start + self.block:
+            self.start = step - step % self.block
+            count = min(self.block, self.steps - self.start)
+            source = self.generator.device if self.generator is not None else self.device
+            uniform = torch.rand((count, self.rows, self.vocab), generator=self.generator, device=source)
+            self.values = uniform.log_().neg_().log_().neg_().to(self.device)
+        noise = self.values[step - self.start]
+        return noise if rows is None else noise[rows]
+
+
+class ForwardDecoder:
+    """Decoding through the model's own forward and transformers' cache (any architecture,
+    and ZeRO-3, whose gathering hooks run inside the forward)."""
+
+    def __init__(self, model, cache, mask: torch.Tensor):
+        self.model, self.cache, self.mask = model, cache, mask
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask,
+                         position_ids=self.mask.sum(-1, keepdim=True) - 1, past_key_values=self.cache,
+                         use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1].float()
+
+
+class HFGenerator:
+    """Finished rows stay in the decoding batch, fed padding, until they are a quarter of it;
+    then they are dropped together (each drop copies the KV cache, so one per row would cost
+    more than it saves on small batches).
+
+    `sync_done`, when given, is asked after every decoding step whether *every* rank is done
+    (ZeRO-3 gathers parameters with collectives inside each forward, so all ranks must run the
+    same number of steps); a rank whose rows have all finished keeps stepping on padding."""
+
+    def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, batch_size: int,
+                 sync_done: Callable[[bool], bool] | None = None, fast: bool = True):
+        self.model = model
+        # The lean decoding step (fast_decode.py) where the architecture allows; the lockstep
+        # (ZeRO-3) path keeps transformers' forward, which DeepSpeed's gathering hooks need.
+        self.fast = fast and sync_done is None and supports(model)
+        self.eos = torch.tensor(sorted(set(eos_token_ids)))
+        self.pad = pad_token_id
+        self.batch_size = batch_size
+        self.sync_done = sync_done
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            per_chunk = max(1, self.batch_size // n)
+            parts = [
+                self._generate_chunk(prompts[i:i + per_chunk], n, params, generator)
+                for i in range(0, len(prompts), per_chunk)
+            ]
+        finally:
+            self.model.train(was_training)
+        return self._assemble(parts)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _generate_chunk(self, prompts, n, params: SamplingParams, generator):
+        device = self._device()
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True)
+        # One prefill per prompt, shared by its n samples.
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n)
+        logits = out.logits[:, -1].float().repeat_interleave(n, 0)
+        mask = mask.repeat_interleave(n, 0)
+        if self.fast:
+            decoder = FastDecoder(self.model, cache, mask, params.max_new_tokens)
+        else:
+            decoder = ForwardDecoder(self.model, cache, mask)
+        rows = len(prompts) * n
+        active = torch.arange(rows, device=device)  # the output row of each batch slot
+        finished = None  # (batch,) bool once some rows in the batch have ended, else None
+        eos = self.eos.to(device)
+        filtered = params.top_k > 0 or params.top_p < 1.0
+        record = []  # per step: (active, live or None, token, log-prob, entropy)
+        noise = None if params.greedy else GumbelNoise(rows, logits.shape[-1], params.max_new_tokens, generator,
+                                                       device)
+        compacted = False  # whether rows have left the batch (`active` is no longer every row)
+        for t in range(params.max_new_tokens):
+            scaled = logits / params.temperature if params.temperature != 1.0 else logits
+            log_dist = F.log_softmax(scaled, -1)
+            entropy = -(log_dist.exp() * log_dist).sum(-1)
+            if params.greedy:
+                chosen = scaled.argmax(-1)
+            else:
+                pool = filter_logits(scaled, params.top_k, params.top_p) if filtered else scaled
+                chosen = (pool + noise.at(t, active if compacted else None)).argmax(-1)
+            if finished is not None:
+                chosen = chosen.masked_fill(finished, self.pad)
+            logp = log_dist.gather(-1, chosen[:, None]).squeeze(-1)
+            record.append((active, None if finished is None else ~finished, chosen, logp, entropy))
+            done = torch.isin(chosen, eos)
+            if finished is not None:
+                done |= finished
+            ended = int(done.sum())
+            all_done = ended == len(done)
+            if self.sync_done is not None:
+                all_done = self.sync_done(all_done)
+            if t + 1 == params.max_new_tokens or all_done:
+                break
+            finished = done if ended else None
+            if finished is not None and self._compact(ended, len(done)):
+                # Finished sequences leave the batch: their cache rows are dropped.
+                keep = (~finished).nonzero().squeeze(-1)
+                decoder.select(keep)
+                active, chosen, finished, compacted = active[keep], chosen[keep], None, True
+            logits = decoder.step(chosen)
+        return self._collect(prompts, n, rows, params.max_new_tokens, record)
+
+    @staticmethod
+    def _compact(ended: int, batch: int) -> bool:
+        """Whether to drop the finished rows now: once they are a quarter of the batch (each
+        drop copies the KV cache), and never all of them (a lockstep rank still steps)."""
+        return ended < batch and ended * 4 >= batch
+
+    def _collect(self, prompts, n, rows: int, max_new: int, record):
+        """The recorded steps as (rows, max_new) tokens, log-probs and entropies, written at once."""
+        live = torch.cat([step[1] if step[1] is not None else torch.ones_like(step[0], dtype=torch.bool)
+                          for step in record])
+        index_cols = torch.cat([torch.full_like(step[0], t) for t, step in enumerate(record)])[live].cpu()
+        index_rows, chosen, logp, entropy = (torch.cat([step[k] for step in record])[live].cpu() for k in (0, 2, 3, 4))
+        tokens = torch.full((rows, max_new), self.pad, dtype=torch.long)
+        logps = torch.zeros(rows, max_new)
+        entropies = torch.zeros(rows, max_new)
+        tokens[index_rows, index_cols] = chosen
+        logps[index_rows, index_cols] = logp
+        entropies[index_rows, index_cols] = entropy
+        lengths = torch.zeros(rows, dtype=torch.long).scatter_reduce_(0, index_rows, index_cols + 1, "amax")
+        return [p for p in prompts for _ in range(n)], tokens, logps, lengths, entropies
+
+    def _assemble(self, parts) -> dict[str, torch.Tensor]:
+        prompts = [p for part in parts for p in part[0]]
+        tokens, logps, lengths, entropies = (torch.cat([part[k] for part in parts]) for k in (1, 2, 3, 4))
+        return assemble_rollout(prompts, tokens, lengths, self.pad, rollout_log_probs=logps,
+                                rollout_entropy=entropies)

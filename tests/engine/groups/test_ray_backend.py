@@ -1,0 +1,199 @@
+"""The ray backend: DP=2 equals DP=1, colocated equals split, failures are named and bounded."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import assert_same_adam_step, run_hflow, write_recipe
+from hflow.engine.groups.batch import Batch
+from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.config.load import build_recipe
+
+TESTS = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "PYTHONPATH")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    # Workers import the test reward functions from tests/.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _recipe(model, **sections):
+    data = {"model": {"path": str(model)}, "data": {"train": "synthetic:digits", "synthetic_size": 64},
+            "rollout": {"n": 4, "max_response_length": 8},
+            "actor": {"lr": 0.01, "micro_batch_size": 4, "mini_batch_size": 16},
+            "trainer": {"prompts_per_step": 4, "total_steps": 3}, "logging": {"progress": "lines"}}
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return build_recipe(data, {}, "test")
+
+
+def _updated_weights(recipe, batch, out_dir):
+    groups = build_worker_groups(recipe, ["actor"], torch.device("cpu"))
+    try:
+        actor = groups["actor"]
+        actor.init_model(total_updates=1)
+        metrics = actor.update_actor(batch)
+        if hasattr(metrics, "get") and hasattr(metrics, "__hflow_future__"):
+            metrics = metrics.get()
+        actor.export_weights(str(out_dir))
+    finally:
+        groups.shutdown()
+    return load_file(out_dir / "model.safetensors"), metrics
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_dp2_on_ray_equals_dp1_local(ray_cluster, tiny_model, tmp_path, zero_stage):
+    local = _recipe(tiny_model, actor={"zero_stage": zero_stage})
+    # One rollout batch from the local actor, fed identically to both runs.
+    groups = build_worker_groups(local, ["actor"], torch.device("cpu"))
+    groups["actor"].init_model(total_updates=1)
+    from hflow.trainer.data.prompts import PromptData
+    from hflow.engine.models.loading import load_tokenizer
+
+    prompts = PromptData(local.data, load_tokenizer(str(tiny_model)), 0, 4).batch(1)
+    batch = groups["actor"].generate_sequences(prompts)
+    batch |= groups["actor"].compute_log_prob(batch)
+    batch |= Batch({"advantages": torch.randn(len(batch), generator=torch.Generator().manual_seed(1))})
+    before = {k: v.clone() for k, v in groups["actor"].worker.train_engine.module.state_dict().items()}
+
+    one, m1 = _updated_weights(local, batch, tmp_path / "dp1")
+    two, m2 = _updated_weights(
+        _recipe(tiny_model, actor={"zero_stage": zero_stage}, cluster={"cpu_slots": 2},
+                placement={"backend": "ray", "mode": "explicit", "pools": {"dp": 2}, "roles": {"actor": "dp"}}),
+        batch, tmp_path / "dp2")
+    moved = max(float((one[k] - before[k]).abs().max()) for k in one)
+    assert moved > 1e-4  # the update did something
+    assert_same_adam_step(two, one, lr=0.01, close=1e-5)
+    assert m2["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=1e-4)
+
+
+def _train_events(recipe, tmp_path, name):
+    from hflow.trainer.algorithms import grpo
+    from hflow.trainer.rundir.writer import RunDir
+
+    recipe.name = name
+    run = RunDir.create(recipe, str(tmp_path / "runs"))
+    try:
+        grpo.train(recipe, run)
+    finally:
+        run.close()
+    return run, run.events()
+
+
+def test_colocated_and_split_give_the_same_metrics(ray_cluster, tiny_model, tmp_path):
+    ray_common = {"backend": "ray"}
+    colocated = _recipe(tiny_model, placement={**ray_common, "mode": "colocate"}, grpo={"kl_coef": 0.01})
+    split = _recipe(tiny_model, placement={**ray_common, "mode": "split"}, cluster={"cpu_slots": 2},
+                    grpo={"kl_coef": 0.01})
+    _, a = _train_events(colocated, tmp_path, "colocated")
+    run, b = _train_events(split, tmp_path, "split")
+    assert len(a) == len(b) == 3
+    for ea, eb in zip(a, b):
+        for key in ("reward/mean", "kl/mean", "entropy/mean", "actor/loss", "actor/grad_norm"):
+            assert eb[key] == pytest.approx(ea[key], rel=1e-4, abs=1e-6), (ea["step"], key)
+    plan = json.loads((run.path / "plan.json").read_text())
+    assert plan["backend"] == "ray"
+    assert {p["name"]: p["roles"] for p in plan["pools"]} == {"actor": ["actor"], "rest": ["reward", "reference"]}
+    assert all(e["timing/generate"] > 0 and e["timing/reward"] > 0 for e in b)
+
+
+def test_killed_worker_process_ends_the_run_with_its_name(ray_cluster, tiny_model, tmp_path):
+    from hflow.engine.groups.worker import WorkerError
+
+    recipe = _recipe(tiny_model, reward={"function": "faulty_rewards:dies_at_second_call"},
+                     placement={"backend": "ray", "mode": "split"}, cluster={"cpu_slots": 2},
+                     trainer={"save_every": 1})
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"reward worker rank 0 failed: its process died"):
+        _train_events(recipe, tmp_path, "killed")
+    assert time.monotonic() - start < 120
+    run = next((tmp_path / "runs").glob("killed-*"))
+    assert (run / "checkpoints" / "step_000001" / "COMPLETE").exists()  # the last checkpoint is intact
+
+
+def test_raising_worker_through_the_cli(tiny_model, tmp_path):
+    recipe = write_recipe(
+        tmp_path / "r.yaml", tiny_model,
+        reward={"function": "faulty_rewards:raises_at_second_call"},
+        cluster={"cpu_slots": 2}, placement={"backend": "ray", "mode": "split"},
+    )
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+           "RAY_AUTH_MODE": "disabled"}
+    start = time.monotonic()
+    result = run_hflow("train", str(recipe), env=env, timeout=300)
+    assert time.monotonic() - start < 240
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert "reward worker rank 0 failed: ValueError: the reward service is down" in last
+    run = next((tmp_path / "runs").glob("test-*"))
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "failed" and "reward service is down" in status["error"]
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_generation_uses_the_updated_weights(ray_cluster, tiny_model, tmp_path, zero_stage):
+    """After an update on two ranks, greedy rollouts equal those of the exported weights, bitwise."""
+    from hflow.engine.rollout.generation import HFGenerator, SamplingParams
+    from hflow.engine.models.loading import load_causal_lm, load_tokenizer
+    from hflow.trainer.data.prompts import PromptData
+
+    recipe = _recipe(tiny_model, actor={"zero_stage": zero_stage}, cluster={"cpu_slots": 2},
+                     placement={"backend": "ray", "mode": "explicit", "pools": {"dp": 2}, "roles": {"actor": "dp"}})
+    tok = load_tokenizer(str(tiny_model))
+    prompts = PromptData(recipe.data, tok, 0, 4).batch(1)
+    groups = build_worker_groups(recipe, ["actor"], torch.device("cpu"))
+    try:
+        actor = groups["actor"]
+        actor.init_model(total_updates=2)
+        batch = actor.generate_sequences(prompts)
+        batch |= actor.compute_log_prob(batch)
+        batch |= Batch({"advantages": torch.randn(16, generator=torch.Generator().manual_seed(2))})
+        actor.update_actor(batch).get()
+        greedy = Batch(columns=prompts.columns, meta={"step": 2, "greedy": True})
+        rollout = actor.generate_sequences(greedy).get()
+        actor.export_weights(str(tmp_path / "export"))
+    finally:
+        groups.shutdown()
+
+    torch.set_num_threads(1)  # the workers run single-threaded: same arithmetic order
+    model = load_causal_lm(str(tmp_path / "export"), torch.float32)
+    # ZeRO-3's sharded parameters decode through transformers' forward, the others through the
+    # lean path: the reference takes the same path, so the arithmetic is the same.
+    reference = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, recipe.rollout.batch_size,
+                            fast=zero_stage != 3)
+    params = SamplingParams(recipe.rollout.max_response_length, greedy=True)
+    halves = [reference.generate(prompts["prompt_ids"][i:i + 2], 1, params) for i in (0, 2)]  # greedy: n = 1
+    for key in ("responses", "rollout_log_probs"):
+        expected = torch.cat([h[key] for h in halves])
+        width = min(expected.shape[1], rollout[key].shape[1])
+        assert torch.equal(rollout[key][:, :width], expected[:, :width]), key
+
+
+def test_placement_auto_on_cpu_slots_trains_data_parallel(ray_cluster, tiny_model, tmp_path):
+    """The auto-mapper's plan drives the run; two data-parallel actor ranks sample rollouts of
+    different widths, which they pad to a common shape."""
+    recipe = _recipe(tiny_model, placement={"mode": "auto"}, cluster={"cpu_slots": 2},
+                     rollout={"max_response_length": 24})
+    run, events = _train_events(recipe, tmp_path, "auto")
+    plan = json.loads((run.path / "plan.json").read_text())
+    assert plan["backend"] == "ray" and "auto_mapper" in plan
+    assert sum(len(p["devices"]) for p in plan["pools"]) <= 2
+    assert len(events) == 3 and all(e["response_length/mean"] > 0 for e in events)

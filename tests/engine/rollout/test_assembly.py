@@ -1,0 +1,17 @@
+"""The rollout assembly every engine shares: ragged rows padded, masked and laid out."""
+
+import torch
+
+from hflow.engine.rollout.assembly import assemble_rollout, pad_rows
+
+
+def test_ragged_rows_are_right_padded_and_masked():
+    tokens = pad_rows([[5, 6, 7], [8], []], fill=0, dtype=torch.long)
+    logps = pad_rows([[-0.1, -0.2, -0.3], [-0.4], []], fill=0.0, dtype=torch.float32)
+    out = assemble_rollout([[1, 2], [3], [4, 4, 4]], tokens, torch.tensor([3, 1, 0]), 0, rollout_log_probs=logps)
+    assert out["responses"].tolist() == [[5, 6, 7], [8, 0, 0], [0, 0, 0]]
+    assert out["response_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [0, 0, 0]]
+    assert out["attention_mask"].tolist() == [[0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]]
+    assert out["input_ids"][1].tolist() == [0, 0, 3, 8, 0, 0]
+    assert out["position_ids"][0].tolist() == [0, 0, 1, 2, 3, 4]
+    torch.testing.assert_close(out["rollout_log_probs"][1], torch.tensor([-0.4, 0.0, 0.0]))

@@ -1,0 +1,101 @@
+"""The hf engine against plain transformers: greedy tokens and per-token log-probs."""
+
+import torch
+
+from hflow.engine.rollout.generation import GumbelNoise, HFGenerator, SamplingParams, filter_logits
+from hflow.engine.models.loading import load_causal_lm, load_tokenizer
+
+
+def _engine(tiny_model, batch_size=64):
+    tok = load_tokenizer(str(tiny_model))
+    model = load_causal_lm(str(tiny_model), torch.float32)
+    return tok, model, HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, batch_size)
+
+
+def test_greedy_matches_transformers_generate_and_forward(tiny_model):
+    tok, model, engine = _engine(tiny_model, batch_size=4)  # 2 prompts per decoding chunk
+    texts = ["write digits: ", "say q: ", "echo abc: ", "a much longer prompt than the others: "]
+    prompts = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    out = engine.generate(prompts, 2, SamplingParams(max_new_tokens=12, greedy=True))
+    for i, p in enumerate(prompts):
+        ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        ref_resp = ref[0, len(p):]
+        with torch.no_grad():
+            ref_lp = torch.log_softmax(model(ref).logits[0, len(p) - 1:-1], -1)
+        ref_lp = ref_lp.gather(-1, ref_resp[:, None]).squeeze(-1)
+        for row in (2 * i, 2 * i + 1):  # both samples of a greedy group are the same
+            mask = out["response_mask"][row].bool()
+            assert out["responses"][row][mask].tolist() == ref_resp.tolist()
+            torch.testing.assert_close(out["rollout_log_probs"][row][mask], ref_lp, atol=1e-5, rtol=1e-5)
+    # the assembled sequence is the prompt, left-padded, followed by the response
+    row = out["input_ids"][0][out["attention_mask"][0].bool()]
+    assert row.tolist()[: len(prompts[0])] == prompts[0]
+
+
+def test_sampling_is_reproducible_and_stops_at_eos(tiny_model):
+    tok, _, engine = _engine(tiny_model)
+    prompts = [tok("write digits: ", add_special_tokens=False).input_ids] * 3
+    params = SamplingParams(max_new_tokens=40, temperature=1.0)
+    a = engine.generate(prompts, 4, params, torch.Generator().manual_seed(7))
+    b = engine.generate(prompts, 4, params, torch.Generator().manual_seed(7))
+    assert torch.equal(a["responses"], b["responses"])
+    lengths = a["response_mask"].sum(-1)
+    for row, n in enumerate(lengths.tolist()):
+        if n < 40:  # ended early: its last real token is EOS, nothing after it
+            assert a["responses"][row, n - 1] == tok.eos_token_id
+            assert (a["responses"][row, n:] == tok.pad_token_id).all()
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
+    # top_p 0.7: 0.5 alone is below 0.7, so 0.3 stays; 0.15 is dropped (0.8 already reached)
+    assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
+
+
+def test_lockstep_decoding_matches_compacting_decoding(tiny_model):
+    """The ZeRO-3 path (finished rows stay, fed padding) yields the same tokens and log-probs."""
+    tok, model, engine = _engine(tiny_model)
+    prompts = [tok(t, add_special_tokens=False).input_ids for t in ["write digits: ", "say q: "]]
+    params = SamplingParams(max_new_tokens=30, temperature=1.0)
+    a = engine.generate(prompts, 4, params, torch.Generator().manual_seed(3))
+    steps = []
+    engine.sync_done = lambda done: steps.append(done) or done
+    b = engine.generate(prompts, 4, params, torch.Generator().manual_seed(3))
+    assert steps, "the lockstep hook was consulted"
+    assert torch.equal(a["responses"], b["responses"])
+    torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
+
+
+def test_fast_decoding_step_matches_the_transformers_forward(tiny_model):
+    """The lean decoding path against transformers' forward: same samples, same log-probs."""
+    tok, model, engine = _engine(tiny_model, batch_size=8)
+    slow = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, 8, fast=False)
+    assert engine.fast and not slow.fast
+    prompts = [tok(t, add_special_tokens=False).input_ids for t in ["write digits: ", "say q: ", "echo ab: "]]
+    params = SamplingParams(max_new_tokens=40, temperature=0.9, top_k=20)
+    a = engine.generate(prompts, 4, params, torch.Generator().manual_seed(5))
+    b = slow.generate(prompts, 4, params, torch.Generator().manual_seed(5))
+    assert torch.equal(a["responses"], b["responses"])
+    torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
+
+
+def test_gumbel_max_sampling_follows_the_softmax():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = torch.log(probs).expand(20000, 5)  # the last token is masked (-inf)
+    # Blocks of 3 steps: drawing at step 0 and step 4 crosses a block boundary.
+    noise = GumbelNoise(20000, 5, steps=6, generator=torch.Generator().manual_seed(0),
+                        device=torch.device("cpu"), block_values=3 * 20000 * 5)
+    for step in (0, 4):
+        drawn = (logits + noise.at(step, None)).argmax(-1)
+        freq = torch.bincount(drawn, minlength=5).double() / len(drawn)
+        # 20,000 draws: the standard error of a frequency is at most 0.0036; allow 4 of them.
+        torch.testing.assert_close(freq, probs.double(), atol=0.015, rtol=0)
+        assert freq[4] == 0
+    rows = torch.tensor([7, 19999, 3])
+    assert torch.equal(noise.at(4, rows), noise.at(4, None)[rows])  # a row's noise is its own
+    same_seed = GumbelNoise(20000, 5, steps=6, generator=torch.Generator().manual_seed(0),
+                            device=torch.device("cpu"), block_values=3 * 20000 * 5)
+    same_seed.at(0, None)  # steps are asked for in order
+    assert torch.equal(same_seed.at(4, rows), noise.at(4, rows))

@@ -1,0 +1,101 @@
+"""The hybrid engine's switch: no second copy of the weights appears on the way to rollout."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from hflow.engine.groups.batch import Batch
+from hflow.engine.rollout.hybrid import resident_bytes
+from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.config.load import build_recipe
+
+
+class PeakSampler:
+    """Samples resident memory every millisecond while running."""
+
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, resident_bytes())
+            time.sleep(0.001)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.slow
+def test_switch_to_rollout_and_back_adds_no_weight_copy(tmp_path):
+    from hflow.engine.models.loading import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "medium", "medium")
+    recipe = build_recipe({
+        "model": {"path": str(model)}, "data": {"train": "synthetic:digits", "synthetic_size": 32},
+        "rollout": {"n": 2, "max_response_length": 4},
+        "actor": {"zero_stage": 1, "micro_batch_size": 4, "mini_batch_size": 4},
+        "trainer": {"prompts_per_step": 2},
+    }, {}, "test")
+    groups = build_worker_groups(recipe, ["actor"], torch.device("cpu"))
+    worker = groups["actor"].worker
+    groups["actor"].init_model(total_updates=2)
+    weight_bytes = sum(p.numel() * p.element_size() for p in worker.train_engine.module.parameters())
+    assert weight_bytes > 100e6  # big enough that a copy stands far above allocator noise
+
+    from hflow.engine.models.loading import load_tokenizer
+    from hflow.trainer.data.prompts import PromptData
+
+    prompts = PromptData(recipe.data, load_tokenizer(str(model)), 0, 2).batch(1)
+    batch = groups["actor"].generate_sequences(prompts)
+    batch |= groups["actor"].compute_log_prob(batch)
+    batch |= Batch({"advantages": torch.ones(len(batch))})
+    groups["actor"].update_actor(batch)  # training state (Adam moments) now exists
+
+    before = resident_bytes()
+    with PeakSampler() as sampler:  # train -> rollout (switch + a generation) -> train
+        switch = groups["actor"].measure_switch()[0]
+        groups["actor"].generate_sequences(prompts)
+        worker.phases.to_train()
+    growth = sampler.peak - before
+    assert growth < weight_bytes / 2, (growth, weight_bytes)
+    assert switch["training_state_bytes"] >= 3 * weight_bytes  # weights + fp32 masters + 2 Adam moments
+    assert switch["to_rollout_s"] < 1.0 and switch["to_train_s"] < 1.0
+
+
+class _RecordingTrainEngine:
+    """Stands in for TrainEngine: records the offload calls PhaseSwitch makes (the offload itself
+    is DeepSpeed's and needs a GPU)."""
+
+    def __init__(self):
+        self.module = torch.nn.Linear(2, 2)
+        self.calls = []
+
+    def offload_states(self):
+        self.calls.append("offload")
+        return ["optim_states"]
+
+    def reload_states(self):
+        self.calls.append("reload")
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_offload_in_rollout_moves_the_training_state_out_and_back(offload):
+    from hflow.engine.rollout.hybrid import PhaseSwitch
+
+    engine = _RecordingTrainEngine()
+    switch = PhaseSwitch(engine, torch.device("cpu"), offload=offload)
+    switch.to_rollout()
+    switch.to_rollout()  # already there: nothing moves twice
+    assert switch.offloaded == (["optim_states"] if offload else [])
+    switch.to_train()
+    assert engine.calls == (["offload", "reload"] if offload else [])
+    assert switch.offloaded == []

@@ -1,0 +1,84 @@
+"""PPO as a single-controller program (Ouyang et al. 2022, InstructGPT, arXiv 2203.02155;
+Ziegler et al. 2019, arXiv 1909.08593; Schulman et al. 2017, arXiv 1707.06347).
+
+Each step samples responses, scores them with the reward model (or function), charges
+the KL to the frozen reference per token in the reward, estimates advantages with GAE
+from the critic's values, and takes clipped steps on the critic and the policy. The KL
+coefficient is fixed or adapted towards `ppo.kl_target` (`kl_control.py`).
+"""
+
+from __future__ import annotations
+
+from hflow.engine.groups.batch import Batch
+from hflow.trainer import advantages
+from hflow.trainer.kl_control import kl_controller
+from hflow.trainer.losses import explained_variance, kl_estimate, masked_mean
+from hflow.trainer.data.ptx import PtxData
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.rundir.writer import RunDir
+from hflow.trainer.control.session import Session
+
+
+def train(recipe: Recipe, run: RunDir) -> None:
+    roles = ["actor", "critic", "reward"] + (["reference"] if recipe.uses_reference else [])
+    with Session(recipe, run, roles) as session:
+        session.init_workers(total_updates=recipe.trainer.total_steps * recipe.updates_per_step("actor"))
+        actor, critic, reward = (session.groups[r] for r in ("actor", "critic", "reward"))
+        p = recipe.ppo
+        kl_ctl = session.track("kl_controller", kl_controller(p.kl_coef, p.kl_target, p.kl_horizon))
+        ptx = PtxData.from_recipe(recipe)
+
+        for step in session.steps():
+            with session.stage("generate"):
+                batch = actor.generate_sequences(session.prompts(step))
+            batch = session.score_with_policies(batch)
+            with session.stage("values"):
+                batch |= critic.compute_values(batch)
+            with session.stage("reward"):
+                batch |= reward.compute_reward(batch)
+            with session.stage("advantage"):
+                batch |= compute_advantages(batch, recipe, kl_ctl.value)
+            with session.stage("update_critic"):
+                critic_metrics = critic.update_critic(batch)
+            with session.stage("update_actor"):
+                actor_metrics = actor.update_actor(batch | ptx.batch(step, len(batch)))
+            stats = step_stats(batch, recipe, kl_ctl.value)
+            kl_ctl.update(stats["kl/sequence"], n_steps=len(batch))
+            session.end_step(step, batch, actor_metrics, critic_metrics, stats)
+        session.finish()
+
+
+def compute_advantages(batch: Batch, recipe: Recipe, kl_coef: float) -> Batch:
+    """Token rewards (score at the last token, -kl_coef * KL on every token), then GAE.
+
+    Returns `token_rewards`, `advantages` (whitened when `ppo.whiten_advantages`) and
+    `returns` (N, R), the critic's targets.
+    """
+    p = recipe.ppo
+    mask = batch["response_mask"]
+    rewards = advantages.token_rewards(batch["scores"], mask, token_kl(batch, recipe), kl_coef)
+    adv, returns = advantages.gae(rewards, batch["values"], mask, p.gamma, p.lam)
+    if p.whiten_advantages:
+        adv = advantages.whiten(adv, mask)
+    return Batch({"token_rewards": rewards, "advantages": adv, "returns": returns})
+
+
+def token_kl(batch: Batch, recipe: Recipe):
+    """Per-token KL of the rollout policy to the reference (N, R), or None without a reference."""
+    if "ref_log_probs" not in batch:
+        return None
+    return kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], recipe.kl.estimator)
+
+
+def step_stats(batch: Batch, recipe: Recipe, kl_coef: float, values_key: str = "values",
+               returns_key: str = "returns", prefix: str = "critic") -> dict[str, float]:
+    """Controller-side statistics of a step: the KL coefficient, the mean over sequences of
+    their summed KL (what the adaptive controller tracks), and how well the critic's values
+    (before its update) explained the returns."""
+    mask = batch["response_mask"].float()
+    kl = token_kl(batch, recipe)
+    stats = {"kl/coef": kl_coef, "kl/sequence": float((kl * mask).sum(-1).mean()) if kl is not None else 0.0}
+    stats[f"{prefix}/vf_explained_var"] = explained_variance(batch[values_key], batch[returns_key], mask)
+    stats[f"{prefix}/values_mean"] = float(masked_mean(batch[values_key], mask))
+    stats[f"{prefix}/returns_mean"] = float(masked_mean(batch[returns_key], mask))
+    return stats

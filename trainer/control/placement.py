@@ -1,0 +1,194 @@
+"""From a recipe's roles to resource pools and worker groups, and the plan.json that records it.
+
+Roles on the same pool are colocated: one process per device hosts all of them, and
+they run one after another. Roles on different pools run at the same time.
+
+  colocate    one pool with every device, every role on it
+  split       the actor on one pool, every other role on a second pool
+  standalone  one pool per role
+  explicit    `placement.pools` (name -> devices) and `placement.roles` (role -> pool)
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple
+
+import torch
+
+from hflow.engine.groups.worker import LocalWorkerGroup, ResourcePool, WorkerGroup
+from hflow.errors import UserError
+from hflow.trainer.config.recipe import Recipe
+
+
+def worker_class(role: str) -> type:
+    from hflow.engine.workers.actor import ActorWorker
+    from hflow.engine.workers.critic import CostCriticWorker, CriticWorker
+    from hflow.engine.workers.reference import ReferenceWorker
+    from hflow.engine.workers.reward import CostWorker, RewardWorker
+
+    return {"actor": ActorWorker, "reference": ReferenceWorker, "reward": RewardWorker, "cost": CostWorker,
+            "critic": CriticWorker, "cost_critic": CostCriticWorker}[role]
+
+
+class WorkerGroups:
+    """The run's worker groups by role, with the pools they live on."""
+
+    def __init__(self, backend: str, pools: list[ResourcePool], groups: dict[str, WorkerGroup], cluster=None,
+                 mapper_plan: dict | None = None):
+        self.backend = backend
+        self.pools = pools
+        self.by_role = groups
+        self.cluster = cluster
+        self.mapper_plan = mapper_plan
+
+    def __getitem__(self, role: str) -> WorkerGroup:
+        return self.by_role[role]
+
+    def get(self, role: str) -> WorkerGroup | None:
+        return self.by_role.get(role)
+
+    def items(self) -> Iterator[tuple[str, WorkerGroup]]:
+        return iter(self.by_role.items())
+
+    def busy_s(self) -> float:
+        return sum(g.busy_s for g in self.by_role.values())
+
+    def plan(self) -> dict:
+        plan = {
+            "backend": self.backend,
+            "pools": [
+                {"name": p.name, "devices": p.devices,
+                 "roles": [r for r, g in self.by_role.items() if g.pool is p]}
+                for p in self.pools
+            ],
+            "roles": {r: {"pool": g.pool.name, "ranks": list(range(g.world_size))}
+                      for r, g in self.by_role.items()},
+        }
+        if self.mapper_plan is not None:
+            plan["auto_mapper"] = self.mapper_plan
+        return plan
+
+    def set_stage(self, name: str | None) -> None:
+        if self.cluster is not None:
+            self.cluster.stage = name
+
+    def worker_stage_seconds(self) -> dict[str, float]:
+        """Stage times measured inside the workers (ray backend; empty for local)."""
+        return self.cluster.stage_seconds() if self.cluster is not None else {}
+
+    def settle(self) -> None:
+        """Wait for every call in flight (a no-op for the local backend, which never defers)."""
+        if self.cluster is not None:
+            self.cluster.settle()
+
+    def shutdown(self) -> None:
+        if self.cluster is not None:
+            self.cluster.shutdown()
+
+
+def device_count(recipe: Recipe, device: torch.device) -> int:
+    if device.type == "cuda":
+        visible = torch.cuda.device_count()
+        wanted = recipe.cluster.gpus or visible
+        if wanted > visible:
+            raise UserError(f"cluster.gpus={wanted} but only {visible} GPUs are visible")
+        return wanted
+    return recipe.cluster.cpu_slots
+
+
+class Layout(NamedTuple):
+    sizes: dict[str, int]  # pool name -> devices
+    role_pool: dict[str, str]  # role -> pool name
+    mapper_plan: dict | None = None  # the auto-mapper's full answer, for placement: auto
+
+
+def pool_layout(recipe: Recipe, roles: list[str], devices: int, device_kind: str = "cpu") -> Layout:
+    """Pool sizes and the pool of each role, for the recipe's placement mode."""
+    mode = recipe.placement.mode
+    if mode == "colocate":
+        return Layout({"pool0": devices}, {r: "pool0" for r in roles})
+    if mode == "split":
+        if devices < 2:
+            raise UserError(f"placement.mode split needs at least 2 devices; this run has {devices} "
+                            "(set cluster.cpu_slots or cluster.gpus)")
+        return Layout({"actor": devices - devices // 2, "rest": devices // 2},
+                      {r: "actor" if r == "actor" else "rest" for r in roles})
+    if mode == "standalone":
+        if devices < len(roles):
+            raise UserError(f"placement.mode standalone needs a device per role ({len(roles)}: "
+                            f"{', '.join(roles)}); this run has {devices}")
+        share = devices // len(roles)
+        return Layout({r: share for r in roles}, {r: r for r in roles})
+    if mode == "explicit":
+        return Layout(*_explicit(recipe, roles))
+    if mode == "auto":
+        return _auto(recipe, roles, devices, device_kind)
+    raise UserError(f"placement.mode {mode!r}: accepted: colocate, split, standalone, explicit, auto")
+
+
+def _auto(recipe: Recipe, roles: list[str], devices: int, device_kind: str) -> Layout:
+    """Ask the auto-mapper. Its plans for this engine use ZeRO data parallelism only (the hf
+    generator and DeepSpeed have no tensor or pipeline parallelism); roles without a model
+    (a reward function) join the actor's pool."""
+    from hflow.mapper import plan_placement
+
+    plan = plan_placement(recipe, gpus=devices, gpu="cpu" if device_kind == "cpu" else None, parallel="zero")
+    sizes = {p["name"]: p["devices"] for p in plan["pools"]}
+    actor_pool = plan["roles"]["actor"]["pool"]
+    role_pool = {r: plan["roles"][r]["pool"] if r in plan["roles"] else actor_pool for r in roles}
+    return Layout(sizes, role_pool, plan)
+
+
+def _explicit(recipe: Recipe, roles: list[str]) -> tuple[dict[str, int], dict[str, str]]:
+    pools, mapping = recipe.placement.pools, recipe.placement.roles
+    missing = [r for r in roles if r not in mapping]
+    if missing:
+        raise UserError(f"placement.roles: no pool for {', '.join(missing)}; map every role of this run "
+                        f"({', '.join(roles)}) to one of: {', '.join(pools) or '(no pools defined)'}")
+    for role, pool in mapping.items():
+        if pool not in pools:
+            raise UserError(f"placement.roles.{role}: pool {pool!r} is not in placement.pools "
+                            f"({', '.join(pools) or 'none defined'})")
+    for pool, size in pools.items():
+        if size < 1:
+            raise UserError(f"placement.pools.{pool}: {size} devices; a pool needs at least 1")
+    used = {p: n for p, n in pools.items() if p in {mapping[r] for r in roles}}
+    return used, {r: mapping[r] for r in roles}
+
+
+def build_worker_groups(recipe: Recipe, roles: list[str], device: torch.device,
+                        ray_address: str | None = None) -> WorkerGroups:
+    devices = device_count(recipe, device)
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    sizes, role_pool, mapper_plan = pool_layout(recipe, roles, devices, kind)
+    backend = recipe.placement.backend
+    if backend == "auto":
+        backend = "local" if len(sizes) == 1 and sum(sizes.values()) == 1 and not ray_address else "ray"
+    if backend == "local":
+        if len(sizes) != 1 or sum(sizes.values()) != 1:
+            raise UserError(f"placement.backend local runs one colocated device; this placement has pools "
+                            f"{sizes}: use placement.backend ray")
+        pool = ResourcePool(next(iter(sizes)), ["cuda:0" if kind == "cuda" else "cpu"])
+        groups = {r: LocalWorkerGroup(r, pool, worker_class(r), recipe) for r in roles}
+        return WorkerGroups("local", [pool], groups, mapper_plan=mapper_plan)
+    return _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan)
+
+
+def _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan) -> WorkerGroups:
+    from hflow.engine.groups.ray_backend import RayCluster
+
+    offset = 0
+    pools = []
+    for name, size in sizes.items():
+        pools.append(ResourcePool(name, [f"{kind}:{offset + i}" for i in range(size)]))
+        offset += size
+    cluster = RayCluster(ray_address, num_cpus=None if kind == "cuda" else max(offset, recipe.cluster.cpu_slots))
+    try:
+        handles = {p.name: cluster.spawn_pool(p, use_gpu=kind == "cuda") for p in pools}
+        by_name = {p.name: p for p in pools}
+        groups = {r: cluster.add_role(handles[role_pool[r]], r, worker_class(r), by_name[role_pool[r]], recipe)
+                  for r in roles}
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return WorkerGroups("ray", pools, groups, cluster, mapper_plan)

@@ -1,0 +1,275 @@
+"""What every algorithm's controller needs around its loop, so the loop itself stays short.
+
+A Session owns the run directory, the prompt data, the worker groups, the timings of
+each stage, the per-step event, checkpoints and resume. An algorithm file creates one,
+asks it for the steps to run, and reports each finished step to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import time
+from typing import Any, Iterator
+
+
+from hflow.engine.groups.batch import Batch
+from hflow.engine.groups.dist import pick_device
+from hflow.engine.groups.worker import resolve
+from hflow.errors import UserError
+from hflow.engine.models.loading import load_tokenizer
+from hflow.trainer.data.prompts import PromptData
+from hflow.trainer.control.evaluate import Evaluator
+from hflow.trainer.losses import kl_estimate, masked_mean
+from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
+from hflow.trainer.report.progress import Progress
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.rundir.writer import RunDir
+
+log = logging.getLogger("hflow.session")
+# The columns a step's event and samples are computed from (fetched once per step).
+STEP_COLUMNS = ("scores", "costs", "response_mask", "attention_mask", "entropy", "old_log_probs",
+                "ref_log_probs", "prompt", "response_text")
+
+
+class Session:
+    def __init__(self, recipe: Recipe, run: RunDir, roles: list[str]):
+        self.recipe = recipe
+        self.run = run
+        self.device = pick_device(recipe.trainer.device)
+        tokenizer = load_tokenizer(recipe.model.path, recipe.model.trust_remote_code)
+        self.data = PromptData(recipe.data, tokenizer, recipe.seed, recipe.trainer.prompts_per_step)
+        self.evaluator = Evaluator(recipe, tokenizer) if recipe.trainer.eval_every else None
+        self.groups: WorkerGroups = build_worker_groups(recipe, roles, self.device, run.ray_address)
+        run.write_plan(self.groups.plan())
+        _check_divisible(recipe, self.groups)
+        self.timings: dict[str, float] = {}
+        self.start_step = 1
+        self.progress = Progress(recipe.trainer.total_steps, recipe.logging.progress)
+        self._step_started = 0.0
+        self._wandb = None
+        self._tracked: dict[str, Any] = {}
+        self._resumed_state: dict[str, Any] = {}
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.groups.shutdown()
+
+    # --- set-up and resume ------------------------------------------------------------
+
+    def init_workers(self, total_updates: int) -> None:
+        """Initialise every role; when the run has a checkpoint, continue from it.
+
+        `total_updates` (the actor's optimizer steps over the run) goes to every worker whose
+        `init_model` takes it; a worker whose `init_model` takes `checkpoint` gets its own
+        directory of the checkpoint (`<checkpoint>/<role>`) when resuming.
+        """
+        checkpoint = self.run.latest_checkpoint()
+        for role, group in self.groups.items():
+            params = inspect.signature(group.worker_cls.init_model).parameters
+            kwargs: dict[str, Any] = {}
+            if "total_updates" in params:
+                kwargs["total_updates"] = total_updates
+            if "checkpoint" in params:
+                kwargs["checkpoint"] = str(checkpoint / role) if checkpoint else None
+            group.init_model(**kwargs)
+        if checkpoint:
+            state = json.loads((checkpoint / "trainer_state.json").read_text())
+            self._resumed_state = state
+            self.start_step = state["step"] + 1
+            self.run.truncate_events(state["step"])
+            log.info("resumed from %s at step %d", checkpoint, self.start_step)
+        self._wandb = _open_wandb(self.recipe, self.run)
+
+    def track(self, name: str, obj):
+        """Keep `obj`'s `state_dict()` in every checkpoint (trainer_state.json) under `name`, and
+        restore it now when the run resumed: controller-side state such as a KL controller or a
+        Lagrange multiplier then continues exactly. Call after `init_workers`. Returns `obj`."""
+        self._tracked[name] = obj
+        if name in self._resumed_state:
+            obj.load_state_dict(self._resumed_state[name])
+        return obj
+
+    def steps(self) -> Iterator[int]:
+        total = self.recipe.trainer.total_steps
+        self.progress.start(self.start_step - 1)
+        self.run.write_status("running", self.start_step - 1)
+        if self.evaluator and self.start_step == 1:
+            self._log_baseline()
+        for step in range(self.start_step, total + 1):
+            self.timings = {}
+            self._step_started = time.perf_counter()
+            yield step
+
+    def prompts(self, step: int) -> Batch:
+        return self.data.batch(step)
+
+    def score_with_policies(self, batch: Batch) -> Batch:
+        """The stages every algorithm runs right after generation: the old policy's log-probs
+        (skipped when the rollout's are reused, `actor.recompute_old_log_probs: false`) and the
+        reference's (when the recipe has one), each timed as its own stage."""
+        if self.recipe.actor.recompute_old_log_probs:
+            with self.stage("old_log_prob"):
+                batch |= self.groups["actor"].compute_log_prob(batch)
+        reference = self.groups.get("reference")
+        if reference:
+            with self.stage("reference"):
+                batch |= reference.compute_ref_log_prob(batch)
+        return batch
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        """Time a stage. Colocated roles run in order anyway, so the stage waits for its work;
+        with several pools, stages overlap and this is the time until the controller moved on."""
+        start = time.perf_counter()
+        self.groups.set_stage(name)
+        try:
+            yield
+            if len(self.groups.pools) == 1:
+                self.groups.settle()
+        finally:
+            self.groups.set_stage(None)
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+    # --- end of a step ----------------------------------------------------------------
+
+    def end_step(self, step: int, batch: Batch, *metrics: dict[str, float]) -> dict[str, Any]:
+        """Log the step's event: rollout statistics, then each metrics dict (actor, critics, ...)."""
+        view = batch.select(*STEP_COLUMNS)
+        elapsed = time.perf_counter() - self._step_started
+        event = {"step": step, "time": time.time(), **rollout_metrics(view, self.recipe)}
+        for part in metrics:
+            event.update(resolve(part))
+        if len(self.groups.pools) > 1:
+            # Stages on different pools overlap: report the time the workers spent in each.
+            self.timings.update(self.groups.worker_stage_seconds())
+        event.update({f"timing/{k}": v for k, v in self.timings.items()})
+        event["timing/step"] = elapsed
+        event["throughput/tokens_per_s"] = float(view["attention_mask"].sum()) / elapsed
+        if self._eval_due(step):
+            event.update(self.evaluate(step))  # after timing/step: a step's time stays comparable
+        self.run.append_event(event)
+        self.run.append_samples(samples(view, step, self.recipe.logging.samples_per_step))
+        if self._wandb:
+            self._wandb.log(event)
+        total = self.recipe.trainer.total_steps
+        every = self.recipe.trainer.save_every
+        if step == total or (every and step % every == 0):
+            self.save_checkpoint(step)
+        self.run.write_status("running", step)
+        self.progress.update(step, event)
+        log.info("step %d %s", step, json.dumps(event))
+        return event
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """eval/* of the current policy (see `trainer/control/evaluate.py`), with its time as timing/eval."""
+        start = time.perf_counter()
+        metrics = self.evaluator.run(self.groups["actor"], self.groups["reward"], step)
+        return {**metrics, "timing/eval": time.perf_counter() - start}
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.recipe.trainer.eval_every
+        return bool(self.evaluator) and (step % every == 0 or step == self.recipe.trainer.total_steps)
+
+    def _log_baseline(self) -> None:
+        """The step-0 event: eval/* of the initial policy, before any update (no training metrics)."""
+        event = {"step": 0, "time": time.time(), **self.evaluate(0)}
+        self.run.append_event(event)
+        if self._wandb:
+            self._wandb.log(event)
+        self.progress.update(0, event)
+        log.info("step 0 %s", json.dumps(event))
+
+    def save_checkpoint(self, step: int) -> None:
+        with self.stage("checkpoint"):
+            tmp = self.run.staging_checkpoint(step)
+            for role, group in self.groups.items():
+                if group.has_method("save_checkpoint"):
+                    group.save_checkpoint(str(tmp / role))
+            state = {"step": step, **{name: obj.state_dict() for name, obj in self._tracked.items()}}
+            self.run.commit_checkpoint(tmp, step, state)
+
+    def finish(self) -> None:
+        with self.stage("export"):
+            self.groups["actor"].export_weights(str(self.run.path / "final"))
+        self.run.write_status("finished", self.recipe.trainer.total_steps)
+        self.progress.close(self.run.events())
+        if self._wandb:
+            self._wandb.finish("finished")
+
+    def fail(self, step: int, error: str) -> None:
+        self.run.write_status("failed", step, error)
+        self.progress.close(None)
+        if self._wandb:
+            self._wandb.finish("failed")
+
+
+def _check_divisible(recipe: Recipe, groups: WorkerGroups) -> None:
+    """Batches split evenly over each group's data-parallel ranks, and the actor's ranks split into
+    whole generation (tensor-parallel) groups, or the run does not start."""
+    for role, group in groups.items():
+        world = group.world_size
+        tp = recipe.rollout.tensor_parallel_size
+        if role == "actor" and world % tp:
+            raise UserError(f"rollout.tensor_parallel_size={tp} does not divide the {world} ranks of the actor "
+                            f"group; use a divisor of {world} or give the actor a multiple of {tp} devices")
+        sizes = [("trainer.prompts_per_step", recipe.trainer.prompts_per_step),
+                 ("actor.mini_batch_size", recipe.mini_batch_size)]
+        if role in ("critic", "cost_critic"):
+            sizes.append(("critic.mini_batch_size", recipe.critic.mini_batch_size or recipe.sequences_per_step))
+        for key, value in sizes:
+            if value % world:
+                raise UserError(f"{key}={value} does not split evenly over the {world} ranks of the "
+                                f"{role} group; use a multiple of {world}")
+
+
+def rollout_metrics(batch: Batch, recipe: Recipe) -> dict[str, float]:
+    scores = batch["scores"].float()
+    mask = batch["response_mask"].float()
+    lengths = mask.sum(-1)
+    metrics = {
+        "reward/mean": float(scores.mean()),
+        "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+        "reward/min": float(scores.min()),
+        "reward/max": float(scores.max()),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "entropy/mean": float(masked_mean(batch["entropy"], mask)),
+    }
+    if "ref_log_probs" in batch:
+        kl = kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], recipe.kl.estimator)
+        metrics["kl/mean"] = float(masked_mean(kl, mask))
+    if "costs" in batch:
+        costs = batch["costs"].float()
+        metrics.update({"cost/mean": float(costs.mean()), "cost/max": float(costs.max()),
+                        "cost/std": float(costs.std()) if len(costs) > 1 else 0.0})
+    return metrics
+
+
+def samples(batch: Batch, step: int, count: int) -> list[dict[str, Any]]:
+    rows = range(0, len(batch), max(1, len(batch) // max(1, count)))
+    out = []
+    for row in list(rows)[:count]:
+        prompt = batch["prompt"][row]
+        out.append({
+            "step": step,
+            "prompt": prompt if isinstance(prompt, str) else json.dumps(prompt),
+            "response": batch["response_text"][row],
+            "reward": float(batch["scores"][row]),
+            **({"cost": float(batch["costs"][row])} if "costs" in batch else {}),
+        })
+    return out
+
+
+def _open_wandb(recipe: Recipe, run: RunDir):
+    if not recipe.logging.wandb.enabled:
+        return None
+    try:
+        from hflow.trainer.report.wandb_log import WandbLogger
+    except ImportError:  # pragma: no cover - the module ships with hflow
+        return None
+    return WandbLogger(recipe.logging.wandb.model_dump(), run.path, recipe.model_dump(mode="json"))

@@ -1,0 +1,148 @@
+"""Prompt data: JSONL / parquet files or built-in synthetic tasks, tokenized once.
+
+The order is a pure function of (seed, step): epoch e is a seeded permutation of the
+rows, and step k takes the next `prompts_per_step` rows of the endless sequence of
+epochs. A resumed run therefore sees exactly the prompts of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from hflow.engine.groups.batch import Batch
+from hflow.errors import UserError
+from hflow.trainer.data import tasks
+from hflow.trainer.config.recipe import DataConfig
+from hflow.engine.seeding import stream_seed
+
+
+def read_rows(cfg: DataConfig, seed: int) -> list[dict]:
+    """The raw rows of `data.train`, each with the prompt under the key `prompt`."""
+    spec = cfg.train
+    if spec.startswith("synthetic:"):
+        return tasks.make_rows(_synthetic_task(spec, "data.train"), cfg.synthetic_size, seed)
+    rows = read_table(spec, "data.train", "a prompt column")
+    if not rows:
+        raise UserError(f"data.train '{spec}': the data set is empty")
+    if cfg.prompt_key not in rows[0]:
+        raise UserError(f"data.train '{spec}': no column {cfg.prompt_key!r} (data.prompt_key); "
+                        f"columns: {', '.join(rows[0])}")
+    for row in rows:
+        row["prompt"] = row.pop(cfg.prompt_key)
+    return rows
+
+
+def _synthetic_task(spec: str, key: str) -> str:
+    """The task of `synthetic:TASK`; an unknown one is a user error naming `key`."""
+    task = spec.split(":", 1)[1]
+    if task not in tasks.TASKS:
+        raise UserError(f"{key} {spec!r}: unknown synthetic task; accepted: "
+                        + ", ".join(f"synthetic:{t}" for t in tasks.TASKS))
+    return task
+
+
+SYNTHETIC_EVAL_SIZE = 128  # held-out problems a `synthetic:` eval draws when data.eval_size is unset
+
+
+def read_eval_rows(cfg: DataConfig, reward_function: str | None, seed: int) -> list[dict]:
+    """The rows of `data.eval`, each with its prompt under `prompt`, checked for the columns the
+    reward function reads (so that a bad eval file stops the run before it starts, not mid-run)."""
+    spec = cfg.eval
+    if spec.startswith("synthetic:"):
+        task = _synthetic_task(spec, "data.eval")
+        return tasks.make_rows(task, cfg.eval_size or SYNTHETIC_EVAL_SIZE, seed, split="eval")
+    rows = read_table(spec, "data.eval", "a prompt column")[:cfg.eval_size]
+    if not rows:
+        raise UserError(f"data.eval '{spec}': the data set is empty")
+    needed = [cfg.prompt_key] + {"exact_match": ["answer"], "synthetic": ["task", "answer"]}.get(reward_function, [])
+    for number, row in enumerate(rows, 1):
+        missing = [c for c in needed if c not in row]
+        if missing:
+            raise UserError(f"data.eval '{spec}': row {number} has no column {', '.join(map(repr, missing))} "
+                            f"(needed by data.prompt_key and reward.function {reward_function!r}); "
+                            f"columns: {', '.join(row)}")
+    for row in rows:
+        row["prompt"] = row.pop(cfg.prompt_key)
+    return rows
+
+
+def read_table(spec: str, key: str, needs: str) -> list[dict]:
+    """The rows of a .jsonl or .parquet file; `key` and `needs` name the recipe key in errors."""
+    path = Path(spec)
+    if not path.is_file():
+        raise UserError(f"{key}: file '{spec}' does not exist (give a .jsonl or .parquet file with {needs}"
+                        + (", or synthetic:TASK)" if key == "data.train" else ")"))
+    if path.suffix == ".jsonl":
+        return _read_jsonl(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    raise UserError(f"{key} '{spec}': unsupported file type {path.suffix!r}; accepted: .jsonl, .parquet")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{path}:{number}: each line must be a JSON object")
+        rows.append(row)
+    return rows
+
+
+def encode_prompt(tokenizer, prompt, max_length: int) -> list[int]:
+    """Token ids of a text prompt or of chat messages (through the chat template), cut from the left."""
+    if isinstance(prompt, list):
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+    else:
+        ids = tokenizer(str(prompt), add_special_tokens=False)["input_ids"]
+    return list(ids)[-max_length:]
+
+
+class PromptData:
+    def __init__(self, cfg: DataConfig, tokenizer, seed: int, prompts_per_step: int):
+        self.seed = seed
+        self.shuffle = cfg.shuffle
+        self.per_step = prompts_per_step
+        self.rows = read_rows(cfg, seed)
+        for row in self.rows:
+            row["prompt_ids"] = encode_prompt(tokenizer, row["prompt"], cfg.max_prompt_length)
+        self.rows = [row for row in self.rows if row["prompt_ids"]]
+        if not self.rows:
+            raise UserError(f"data.train '{cfg.train}': every prompt is empty after tokenization")
+        self.columns = list(self.rows[0])
+        self._orders: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            if self.shuffle:
+                gen = torch.Generator().manual_seed(stream_seed(self.seed, "data", epoch))
+                self._orders = {epoch: torch.randperm(len(self.rows), generator=gen).tolist()}
+            else:
+                self._orders = {epoch: list(range(len(self.rows)))}
+        return self._orders[epoch]
+
+    def batch(self, step: int) -> Batch:
+        """The prompts of step `step` (1-based), with a `uid` per prompt for grouping."""
+        start = (step - 1) * self.per_step
+        picked = []
+        for position in range(start, start + self.per_step):
+            epoch, offset = divmod(position, len(self.rows))
+            picked.append((position, self._order(epoch)[offset]))
+        columns = {key: [self.rows[i].get(key) for _, i in picked] for key in self.columns}
+        columns["uid"] = [position for position, _ in picked]
+        return Batch(columns=columns, meta={"step": step})

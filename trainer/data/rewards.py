@@ -1,0 +1,90 @@
+"""Reward (and cost) functions: built-ins by name, or any `module:function` a recipe names.
+
+A reward function is called once per batch as
+    fn(prompts: list[str], responses: list[str], **columns) -> list[float]
+where `columns` are the data set's other columns (answer, task, ...), one entry per
+response. Scores are floats; the built-ins return values in [0, 1]. Safe-RLHF's
+`cost.function` is loaded the same way (a higher cost is less safe).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from typing import Callable
+
+from hflow.errors import UserError
+from hflow.trainer.data import tasks
+from hflow.trainer.config.recipe import RewardConfig
+
+RewardFn = Callable[..., list[float]]
+_final_answer = tasks.final_answer
+
+
+def synthetic(prompts: list[str], responses: list[str], task: list[str], answer: list[str],
+              **_) -> list[float]:
+    """The score of each row's built-in synthetic task (see `hflow.trainer.data.tasks`)."""
+    return [tasks.score(t, r, a) for t, r, a in zip(task, responses, answer)]
+
+
+def exact_match(prompts: list[str], responses: list[str], answer: list[str], **_) -> list[float]:
+    """1.0 when the response's final answer equals the `answer` column's, else 0.0."""
+    return [float(_final_answer(r) == _final_answer(str(a))) for r, a in zip(responses, answer)]
+
+
+def format_match(prompts: list[str], responses: list[str], pattern: str, **_) -> list[float]:
+    """1.0 when the regular expression `pattern` (`reward.format_pattern`) is found in the response."""
+    compiled = re.compile(pattern)
+    return [float(compiled.search(r) is not None) for r in responses]
+
+
+def length(prompts: list[str], responses: list[str], target: int, **_) -> list[float]:
+    """max(0, 1 - |characters - target| / target): 1.0 at `reward.target_length` characters."""
+    return [max(0.0, 1.0 - abs(len(r) - target) / target) for r in responses]
+
+
+def synthetic_cost(prompts: list[str], responses: list[str], **_) -> list[float]:
+    """A stand-in for 'unsafe content' in the CPU recipes: the share of the first 8 response
+    characters that are high digits (5-9), in [0, 1]. The `digits` task's reward tempts the
+    policy into digits; the constraint asks it to keep to 0-4."""
+    return [tasks.high_digit_share(r) for r in responses]
+
+
+BUILTINS: dict[str, RewardFn] = {
+    "synthetic": synthetic,
+    "exact_match": exact_match,
+    "format": format_match,
+    "length": length,
+    "synthetic_cost": synthetic_cost,
+}
+
+
+def load_reward_fn(spec: str, key: str = "reward.function", cfg=None) -> RewardFn:
+    """A built-in name or `module:function` (the module must be importable). `key` names the
+    recipe key in errors; `cfg` (the recipe's `reward` section) gives `format` its pattern and
+    `length` its target."""
+    if spec == "format":
+        pattern = cfg.format_pattern if cfg is not None else RewardConfig().format_pattern
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise UserError(f"reward.format_pattern {pattern!r}: not a valid regular expression ({err})") from None
+        return functools.partial(format_match, pattern=pattern)
+    if spec == "length":
+        target = cfg.target_length if cfg is not None else RewardConfig().target_length
+        return functools.partial(length, target=target)
+    if spec in BUILTINS:
+        return BUILTINS[spec]
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        raise UserError(f"{key} {spec!r}: not a built-in ({', '.join(BUILTINS)}) "
+                        "and not of the form module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise UserError(f"{key} {spec!r}: cannot import module {module_name!r} ({err})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise UserError(f"{key} {spec!r}: module {module_name!r} has no function {attr!r}")
+    return fn
