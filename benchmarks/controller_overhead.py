@@ -36,9 +36,9 @@ def run(label: str, overrides: list[str], steps: int, model: str, out: str) -> d
     original_end_step = session_module.Session.end_step
     original_init = session_module.Session.init_workers
 
-    def init_workers(self, total_updates):
+    def init_workers(self):
         started["groups"] = time.perf_counter() - started["t0"]
-        original_init(self, total_updates)
+        original_init(self)
         started["ready"] = time.perf_counter() - started["t0"]
         self._busy0 = self.groups.busy_s()
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from hflow.trainer.config.recipe import ActorConfig
+from hflow.engine.workers.config import OptimSpec
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def lr_lambda(cfg: ActorConfig, total_steps: int):
+def lr_lambda(cfg: OptimSpec, total_steps: int):
     """LR multiplier per optimizer step: linear warm-up, then constant, linear or cosine decay."""
 
     def factor(step: int) -> float:
@@ -42,7 +42,7 @@ def lr_lambda(cfg: ActorConfig, total_steps: int):
 class TrainEngine:
     """DeepSpeed-wrapped model + AdamW + schedule; `micro_steps` micro-batches per update."""
 
-    def __init__(self, model: torch.nn.Module, cfg: ActorConfig, total_updates: int,
+    def __init__(self, model: torch.nn.Module, cfg: OptimSpec, total_updates: int,
                  micro_batch_size: int, micro_steps: int, bf16: bool):
         import deepspeed
 

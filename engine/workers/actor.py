@@ -28,54 +28,53 @@ from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response
 from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
 from hflow.engine.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from hflow.engine.groups.worker import Worker
-from hflow.engine.training.losses import kl_estimate, masked_mean, ppo_policy_loss
-from hflow.trainer.config.recipe import Recipe
 from hflow.engine.seeding import stream_seed
+from hflow.engine.training.losses import kl_estimate, masked_mean, ppo_policy_loss
+from hflow.engine.training.train_engine import TrainEngine
+from hflow.engine.workers.config import ActorSpec
 
 
 class ActorWorker(Worker):
-    def __init__(self, recipe: Recipe, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+    def __init__(self, spec: ActorSpec, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         super().__init__(rank, world_size)
-        self.recipe = recipe
+        self.spec = spec
         self.device = torch.device(device)
         self.train_engine = None
         self.generator = None
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self, total_updates: int, checkpoint: str | None = None) -> None:
+    def init_model(self, checkpoint: str | None = None) -> None:
         """Load the policy, wrap it in DeepSpeed, and restore `checkpoint` when resuming."""
-        from hflow.engine.training.train_engine import TrainEngine
-
-        r = self.recipe
+        s, m, o = self.spec, self.spec.model, self.spec.optim
         ensure_process_group(self.device, self.rank, self.world_size)
-        dtype = resolve_dtype(r.model.dtype, self.device)
-        model = load_causal_lm(r.model.path, torch.float32, r.model.trust_remote_code)
+        dtype = resolve_dtype(m.dtype, self.device)
+        model = load_causal_lm(m.path, torch.float32, m.trust_remote_code)
         if checkpoint:
             # Weights go in before DeepSpeed copies them into its fp32 master partitions.
             from safetensors.torch import load_file
 
             model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"), strict=False)
-        tokenizer = load_tokenizer(r.model.path, r.model.trust_remote_code)
+        self.tokenizer = tokenizer = load_tokenizer(m.path, m.trust_remote_code)
         eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         rollout_engine = None
-        if r.rollout.engine == "vllm":
+        if s.rollout.engine == "vllm":
             # Before DeepSpeed allocates anything: on a GPU vLLM sizes its KV cache from the free
             # memory it sees at start-up, then sleeps and gives it all back until the first rollout.
             rollout_engine = self._create_vllm(dtype, eos, tokenizer.pad_token_id, model.config)
         model.to(device=self.device, dtype=dtype)
-        if r.model.gradient_checkpointing:
+        if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        local_mini = r.mini_batch_size // self.world_size
+        local_mini = o.mini_batch_size // self.world_size
         self.train_engine = TrainEngine(
-            model, r.actor, total_updates, r.actor.micro_batch_size,
-            micro_steps=max(1, local_mini // r.actor.micro_batch_size), bf16=dtype == torch.bfloat16,
+            model, o, o.total_updates, o.micro_batch_size,
+            micro_steps=max(1, local_mini // o.micro_batch_size), bf16=dtype == torch.bfloat16,
         )
         if checkpoint:
             self.train_engine.load(Path(checkpoint))
         self.phases = PhaseSwitch(self.train_engine, self.device, rollout_engine,
-                                  bucket_bytes=r.rollout.weight_bucket_mb << 20, dtype=dtype,
-                                  offload=r.actor.offload_in_rollout)
+                                  bucket_bytes=s.rollout.weight_bucket_mb << 20, dtype=dtype,
+                                  offload=s.offload_in_rollout)
         if rollout_engine is not None:
             self.generator = rollout_engine
             return
@@ -83,26 +82,26 @@ class ActorWorker(Worker):
         # ZeRO-3, DeepSpeed's hooks gather each layer's parameters as the forward reaches it and
         # release them after, so at most a bucket of gathered parameters exists at a time.
         self.generator = HFGenerator(
-            self.train_engine.module, eos, tokenizer.pad_token_id, r.rollout.batch_size,
+            self.train_engine.module, eos, tokenizer.pad_token_id, s.rollout.batch_size,
             sync_done=self._sync_done(),
         )
 
     def _create_vllm(self, dtype: torch.dtype, eos: list[int], pad_token_id: int, config):
         from hflow.engine.rollout.vllm_engine import VLLMGenerator
 
-        r = self.recipe
+        s, r = self.spec, self.spec.rollout
         return VLLMGenerator.create(
-            r.model.path, dtype=dtype, eos_token_ids=eos, pad_token_id=pad_token_id,
-            max_model_len=r.data.max_prompt_length + r.rollout.max_response_length,
-            batch_size=r.rollout.batch_size, tensor_parallel_size=r.rollout.tensor_parallel_size,
-            gpu_memory_utilization=r.rollout.gpu_memory_utilization, enforce_eager=r.rollout.enforce_eager,
-            trust_remote_code=r.model.trust_remote_code, seed=r.seed, rank=self.rank,
+            s.model.path, dtype=dtype, eos_token_ids=eos, pad_token_id=pad_token_id,
+            max_model_len=r.max_prompt_length + r.max_response_length,
+            batch_size=r.batch_size, tensor_parallel_size=r.tensor_parallel_size,
+            gpu_memory_utilization=r.gpu_memory_utilization, enforce_eager=r.enforce_eager,
+            trust_remote_code=s.model.trust_remote_code, seed=s.seed, rank=self.rank,
             world_size=self.world_size, device=self.device, model_config=config,
         )
 
     def _sync_done(self):
         """With ZeRO-3 over several ranks every forward is collective: decode in lockstep."""
-        if self.recipe.actor.zero_stage != 3 or self.world_size == 1:
+        if self.spec.optim.zero_stage != 3 or self.world_size == 1:
             return None
 
         def every_rank_done(local_done: bool) -> bool:
@@ -114,7 +113,7 @@ class ActorWorker(Worker):
 
     def _gathered(self):
         """Full parameters at once (for export only): a no-op below ZeRO-3."""
-        if self.recipe.actor.zero_stage != 3:
+        if self.spec.optim.zero_stage != 3:
             return contextlib.nullcontext()
         import deepspeed
 
@@ -123,10 +122,10 @@ class ActorWorker(Worker):
     @register(Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sample `rollout.n` responses for each row's `prompt_ids` (see the module docstring)."""
-        r = self.recipe.rollout
+        r = self.spec.rollout
         evaluation = prompts.meta.get("eval")  # {n, temperature, max_response_length}: `trainer/control/evaluate.py`
         stream = "eval" if evaluation else "rollout"  # evaluation never draws from the rollout's stream
-        seed = stream_seed(self.recipe.seed, stream, prompts.meta["step"], self.rank)
+        seed = stream_seed(self.spec.seed, stream, prompts.meta["step"], self.rank)
         rng = torch.Generator(device=self.device).manual_seed(seed)
         greedy = bool(prompts.meta.get("greedy", False))
         params = SamplingParams(r.max_response_length, r.temperature, r.top_p, r.top_k, greedy=greedy)
@@ -141,7 +140,7 @@ class ActorWorker(Worker):
             self.phases.to_train()  # evaluation runs between steps: the checkpoint that may follow needs training state
         if self.world_size > 1:
             out = self._agree_on_widths(out)
-        if not self.recipe.actor.recompute_old_log_probs:
+        if not self.spec.recompute_old_log_probs:
             # Exactly on-policy: the sampler's log-probs are the old policy's.
             out["old_log_probs"], out["entropy"] = out["rollout_log_probs"], out["rollout_entropy"]
         return prompts.repeat(n) | Batch(out)
@@ -164,8 +163,8 @@ class ActorWorker(Worker):
         was_training = model.training
         model.eval()  # score as the rollout sampled: no dropout
         try:
-            log_probs, entropy = batched_log_probs(model, batch.to(self.device), self.recipe.rollout.temperature,
-                                                   self.recipe.actor.micro_batch_size, with_entropy=True)
+            log_probs, entropy = batched_log_probs(model, batch.to(self.device), self.spec.rollout.temperature,
+                                                   self.spec.optim.micro_batch_size, with_entropy=True)
         finally:
             model.train(was_training)
         return Batch({"old_log_probs": log_probs.cpu(), "entropy": entropy.cpu()})
@@ -173,18 +172,18 @@ class ActorWorker(Worker):
     @register(Dispatch.DP_COMPUTE)
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """Policy update (every algorithm): epochs x mini-batches, each one optimizer step."""
-        r, kl = self.recipe, self.recipe.kl
-        local_mini = r.mini_batch_size // self.world_size
+        o, kl = self.spec.optim, self.spec.kl
+        local_mini = o.mini_batch_size // self.world_size
         use_kl = kl.coef > 0 and not kl.in_reward and "ref_log_probs" in batch
         sums: dict[str, list[float]] = {}
         trained = 0  # tokens through forward and backward on this rank (for FLOP/s)
         self.phases.to_train()
-        for _ in range(r.actor.epochs):
+        for _ in range(o.epochs):
             for mini in batch.split(local_mini):
                 tokens = global_token_count(mini["response_mask"], self.world_size, self.device)
-                micros = micro_batches(mini, r.actor.micro_batch_size, r.actor.micro_batch_tokens,
+                micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens,
                                        self.world_size, self.device,
-                                       share_prompts=not r.model.gradient_checkpointing)
+                                       share_prompts=not self.spec.model.gradient_checkpointing)
                 micro_stats = []
                 for i, micro in enumerate(micros):
                     self.train_engine.set_boundary(i == len(micros) - 1)
@@ -203,14 +202,14 @@ class ActorWorker(Worker):
         return metrics
 
     def _micro_step(self, micro: Batch, tokens: float, use_kl: bool) -> dict[str, float]:
-        r, kl = self.recipe, self.recipe.kl
+        s, kl = self.spec, self.spec.kl
         mask = micro["response_mask"].float()
-        log_probs, _ = response_log_probs(self.train_engine.forward, micro, self.recipe.rollout.temperature)
+        log_probs, _ = response_log_probs(self.train_engine.forward, micro, s.rollout.temperature)
         # DeepSpeed averages gradients over ranks, so each rank's share of the global token
         # sum is scaled up by the world size: the update is the same for any DP size.
         normalizer = tokens / self.world_size
         pg_loss, pg_stats = ppo_policy_loss(log_probs, micro["old_log_probs"], micro["advantages"], mask,
-                                            *r.clip, normalizer=normalizer)
+                                            *s.clip, normalizer=normalizer)
         loss = pg_loss
         stats = {"pg_loss": float(pg_loss.detach()), **pg_stats}
         if use_kl:
@@ -219,8 +218,8 @@ class ActorWorker(Worker):
             loss = loss + kl.coef * kl_loss
             stats["kl_loss"] = float(masked_mean(token_kl.detach(), mask))
         if "ptx_input_ids" in micro:  # InstructGPT's PPO-ptx: keep the pretraining likelihood up
-            ptx = ptx_loss(self.train_engine.forward, micro, r.mini_batch_size // self.world_size)
-            loss = loss + r.ppo.ptx_coef * ptx
+            ptx = ptx_loss(self.train_engine.forward, micro, s.optim.mini_batch_size // self.world_size)
+            loss = loss + s.ptx_coef * ptx
             stats["ptx_loss"] = float(ptx)
         self.train_engine.backward(loss)
         stats["loss"] = float(loss.detach())
@@ -257,4 +256,4 @@ class ActorWorker(Worker):
         with self._gathered():
             if self.rank == 0:
                 self.train_engine.module.save_pretrained(directory, safe_serialization=True)
-                load_tokenizer(self.recipe.model.path, self.recipe.model.trust_remote_code).save_pretrained(directory)
+                self.tokenizer.save_pretrained(directory)

@@ -23,41 +23,37 @@ from hflow.engine.models.loading import resolve_dtype
 from hflow.engine.models.score_model import load_score_model
 from hflow.engine.groups.worker import Worker
 from hflow.engine.training.losses import value_loss
-from hflow.trainer.config.recipe import Recipe
+from hflow.engine.training.train_engine import TrainEngine
+from hflow.engine.workers.config import CriticSpec
 
 
 class CriticWorker(Worker):
     values_key, returns_key, prefix = "values", "returns", "critic"
 
-    def __init__(self, recipe: Recipe, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+    def __init__(self, spec: CriticSpec, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         super().__init__(rank, world_size)
-        self.recipe = recipe
+        self.spec = spec
         self.device = torch.device(device)
         self.train_engine = None
-
-    def source(self) -> str:
-        return self.recipe.critic_source
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, checkpoint: str | None = None) -> None:
         """Load the value model, wrap it in DeepSpeed, and restore `checkpoint` when resuming."""
-        from hflow.engine.training.train_engine import TrainEngine
-
-        r, cfg = self.recipe, self.recipe.critic
+        m, o = self.spec.model, self.spec.optim
         ensure_process_group(self.device, self.rank, self.world_size)
-        dtype = resolve_dtype(r.model.dtype, self.device)
-        model = load_score_model(self.source(), torch.float32, r.model.trust_remote_code, r.seed, self.prefix)
+        dtype = resolve_dtype(m.dtype, self.device)
+        model = load_score_model(m.path, torch.float32, m.trust_remote_code, self.spec.seed, self.prefix)
         if checkpoint:
             from safetensors.torch import load_file
 
             model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"))
         model.to(device=self.device, dtype=dtype)
-        if r.model.gradient_checkpointing:
+        if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        local_mini = (cfg.mini_batch_size or r.sequences_per_step) // self.world_size
+        local_mini = o.mini_batch_size // self.world_size
         self.train_engine = TrainEngine(
-            model, cfg, r.trainer.total_steps * r.updates_per_step("critic"), cfg.micro_batch_size,
-            micro_steps=max(1, local_mini // cfg.micro_batch_size), bf16=dtype == torch.bfloat16,
+            model, o, o.total_updates, o.micro_batch_size,
+            micro_steps=max(1, local_mini // o.micro_batch_size), bf16=dtype == torch.bfloat16,
         )
         if checkpoint:
             self.train_engine.load(Path(checkpoint))
@@ -75,14 +71,14 @@ class CriticWorker(Worker):
         module = self.train_engine.module
         module.eval()
         parts = [self._values(module, micro.to(self.device)).cpu()
-                 for micro in batch.split(self.recipe.critic.micro_batch_size)]
+                 for micro in batch.split(self.spec.optim.micro_batch_size)]
         return Batch({self.values_key: torch.cat(parts)})
 
     @register(Dispatch.DP_COMPUTE)
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Epochs x mini-batches of the clipped value loss, each mini-batch one optimizer step."""
-        r, cfg = self.recipe, self.recipe.critic
-        local_mini = (cfg.mini_batch_size or r.sequences_per_step) // self.world_size
+        cfg = self.spec.optim
+        local_mini = cfg.mini_batch_size // self.world_size
         self.train_engine.module.train()
         sums: dict[str, list[float]] = {}
         for _ in range(cfg.epochs):
@@ -106,7 +102,7 @@ class CriticWorker(Worker):
         values = self._values(self.train_engine.forward, micro)
         # Shares of the mini-batch's token mean, scaled by the world size as DeepSpeed averages ranks.
         loss, stats = value_loss(values, micro[self.values_key], micro[self.returns_key], micro["response_mask"],
-                                 self.recipe.ppo.value_clip, normalizer=tokens / self.world_size)
+                                 self.spec.value_clip, normalizer=tokens / self.world_size)
         self.train_engine.backward(loss)
         grad_norm = self.train_engine.step()
         return {"loss": float(loss.detach()), "grad_norm": grad_norm, **stats}
@@ -117,9 +113,6 @@ class CriticWorker(Worker):
 
 
 class CostCriticWorker(CriticWorker):
-    """Safe-RLHF's cost critic: starts from `cost.critic_path`, else the cost model."""
+    """Safe-RLHF's cost critic (its initial weights: `cost.critic_path`, else the cost model)."""
 
     values_key, returns_key, prefix = "cost_values", "cost_returns", "cost_critic"
-
-    def source(self) -> str:
-        return self.recipe.cost_critic_source

@@ -9,26 +9,26 @@ from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.training.logprobs import batched_log_probs
 from hflow.engine.models.loading import load_causal_lm, resolve_dtype
 from hflow.engine.groups.worker import Worker
-from hflow.trainer.config.recipe import Recipe
+from hflow.engine.workers.config import ReferenceSpec
 
 
 class ReferenceWorker(Worker):
-    def __init__(self, recipe: Recipe, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+    def __init__(self, spec: ReferenceSpec, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         super().__init__(rank, world_size)
-        self.recipe = recipe
+        self.spec = spec
         self.device = torch.device(device)
         self.model = None
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        r = self.recipe
-        path = r.reference.path or r.model.path
-        dtype = resolve_dtype(r.model.dtype, self.device)
-        self.model = load_causal_lm(path, dtype, r.model.trust_remote_code).to(self.device).eval()
+    def init_model(self, checkpoint: str | None = None) -> None:
+        """Load the frozen policy (`checkpoint` is unused: the reference never changes)."""
+        m = self.spec.model
+        dtype = resolve_dtype(m.dtype, self.device)
+        self.model = load_causal_lm(m.path, dtype, m.trust_remote_code).to(self.device).eval()
         self.model.requires_grad_(False)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        log_probs, _ = batched_log_probs(self.model, batch.to(self.device), self.recipe.rollout.temperature,
-                                         self.recipe.actor.micro_batch_size)
+        log_probs, _ = batched_log_probs(self.model, batch.to(self.device), self.spec.temperature,
+                                         self.spec.micro_batch_size)
         return Batch({"ref_log_probs": log_probs.cpu()})

@@ -19,39 +19,36 @@ from hflow.engine.rollout.assembly import positions
 from hflow.engine.models.loading import load_tokenizer, resolve_dtype
 from hflow.engine.models.score_model import last_token_scores, load_score_model
 from hflow.engine.groups.worker import Worker
+from hflow.engine.workers.config import ScorerSpec
 from hflow.errors import UserError
-from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.data.rewards import load_reward_fn
 
 # Columns the worker itself adds or reads; the rest go to the reward function.
 _INTERNAL = {"prompt_ids", "uid", "prompt"}
 
 
 class RewardWorker(Worker):
-    section, output_key = "reward", "scores"
+    output_key = "scores"
 
-    def __init__(self, recipe: Recipe, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+    def __init__(self, spec: ScorerSpec, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         super().__init__(rank, world_size)
-        self.recipe = recipe
+        self.spec = spec
         self.device = torch.device(device)
-        cfg = getattr(recipe, self.section)
-        self.model_path = cfg.model
-        # A bad function name is a user error before any model loads.
-        self.fn = None if cfg.model else load_reward_fn(cfg.function, f"{self.section}.function", recipe.reward)
+        self.fn = spec.fn
         self.tokenizer = None
         self.model = None
         self.model_tokenizer = None
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        r = self.recipe
-        self.tokenizer = load_tokenizer(r.model.path, r.model.trust_remote_code)
-        if self.model_path:
-            dtype = resolve_dtype(r.model.dtype, self.device)
-            self.model = load_score_model(self.model_path, dtype, r.model.trust_remote_code,
-                                          what=f"{self.section}.model").to(self.device).eval()
+    def init_model(self, checkpoint: str | None = None) -> None:
+        """Load the actor's tokenizer and the scoring model, if any (`checkpoint` is unused: frozen)."""
+        s = self.spec
+        self.tokenizer = load_tokenizer(s.tokenizer.path, s.tokenizer.trust_remote_code)
+        if s.model is not None:
+            dtype = resolve_dtype(s.model.dtype, self.device)
+            self.model = load_score_model(s.model.path, dtype, s.model.trust_remote_code,
+                                          what=f"{s.section}.model").to(self.device).eval()
             self.model.requires_grad_(False)
-            own = load_tokenizer(self.model_path, r.model.trust_remote_code)
+            own = load_tokenizer(s.model.path, s.model.trust_remote_code)
             self.model_tokenizer = None if own.get_vocab() == self.tokenizer.get_vocab() else own
 
     def _texts(self, batch: Batch) -> list[str]:
@@ -63,16 +60,15 @@ class RewardWorker(Worker):
     def _score(self, batch: Batch, texts: list[str]) -> torch.Tensor:
         if self.model is None:
             columns = {k: v for k, v in batch.columns.items() if k not in _INTERNAL}
-            spec = getattr(self.recipe, self.section).function
             scores = self.fn(batch["prompt"], texts, **columns)
             if len(scores) != len(texts):
-                raise UserError(f"{self.section}.function {spec!r} returned {len(scores)} scores for "
+                raise UserError(f"{self.spec.section}.function {self.spec.function!r} returned {len(scores)} scores for "
                                 f"{len(texts)} responses")
             return torch.tensor([float(s) for s in scores])
         inputs = self._model_inputs(batch, texts)
         out = []
         with torch.no_grad():
-            for micro in inputs.split(self.recipe.actor.micro_batch_size):
+            for micro in inputs.split(self.spec.micro_batch_size):
                 micro = micro.to(self.device)
                 scores = self.model(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
                 out.append(last_token_scores(scores, micro["attention_mask"]).float().cpu())
@@ -107,7 +103,7 @@ class RewardWorker(Worker):
 class CostWorker(RewardWorker):
     """Safe-RLHF's cost: `cost.model` or `cost.function`; positive means unsafe."""
 
-    section, output_key = "cost", "costs"
+    output_key = "costs"
 
     @register(Dispatch.DP_COMPUTE)
     def compute_cost(self, batch: Batch) -> Batch:

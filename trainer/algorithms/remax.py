@@ -21,7 +21,7 @@ from hflow.trainer.control.session import Session
 def train(recipe: Recipe, run: RunDir) -> None:
     roles = ["actor", "reward"] + (["reference"] if recipe.uses_reference else [])
     with Session(recipe, run, roles) as session:
-        session.init_workers(total_updates=recipe.trainer.total_steps * recipe.updates_per_step("actor"))
+        session.init_workers()
         actor, reward = session.groups["actor"], session.groups["reward"]
 
         for step in session.steps():

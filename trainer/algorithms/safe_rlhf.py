@@ -29,7 +29,7 @@ from hflow.trainer.control.session import Session
 def train(recipe: Recipe, run: RunDir) -> None:
     roles = ["actor", "critic", "cost_critic", "reward", "cost"] + (["reference"] if recipe.uses_reference else [])
     with Session(recipe, run, roles) as session:
-        session.init_workers(total_updates=recipe.trainer.total_steps * recipe.updates_per_step("actor"))
+        session.init_workers()
         actor, critic, cost_critic, reward, cost = (session.groups[r] for r in roles[:5])
         p, s = recipe.ppo, recipe.safe_rlhf
         kl_ctl = session.track("kl_controller", kl_controller(p.kl_coef, p.kl_target, p.kl_horizon))

@@ -7,11 +7,12 @@ an error, never silently ignored (STYLE.md, rule 4).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hflow.engine.workers.config import KLSettings
 
 
 class Section(BaseModel):
@@ -487,7 +488,7 @@ class Recipe(BaseSettings):
         return self.cost.critic_path or self.cost.model or self.critic_source
 
     @property
-    def kl(self) -> "KLSettings":
+    def kl(self) -> KLSettings:
         """The active algorithm's KL settings, from its own section (the one place they live)."""
         if self.algorithm in ("ppo", "safe_rlhf"):
             return KLSettings(self.ppo.kl_coef, self.ppo.kl_estimator, in_reward=True)
@@ -516,13 +517,3 @@ class Recipe(BaseSettings):
         """Optimizer steps per RL step of a trained role (`actor` or `critic`)."""
         cfg = getattr(self, section)
         return cfg.epochs * self.sequences_per_step // (cfg.mini_batch_size or self.sequences_per_step)
-
-
-@dataclass(frozen=True)
-class KLSettings:
-    """coef: weight of the KL to the reference; estimator: k1/k2/k3/abs (`losses.kl_estimate`);
-    in_reward: charged per token in the reward (true) or added to the actor's loss (false)."""
-
-    coef: float
-    estimator: str
-    in_reward: bool

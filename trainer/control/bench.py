@@ -25,7 +25,7 @@ from hflow.trainer.rundir.writer import RunDir
 def _actor(recipe: Recipe):
     device = pick_device(recipe.trainer.device)
     groups = build_worker_groups(recipe, ["actor"], device)
-    groups["actor"].init_model(total_updates=max(1, recipe.trainer.total_steps))
+    groups["actor"].init_model()
     data = PromptData(recipe.data, load_tokenizer(recipe.model.path, recipe.model.trust_remote_code),
                       recipe.seed, recipe.trainer.prompts_per_step)
     return groups, data

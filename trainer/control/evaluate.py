@@ -83,7 +83,7 @@ def evaluate_model(recipe: Recipe, checkpoint: str | None, step: int) -> dict[st
     evaluator = Evaluator(recipe, load_tokenizer(recipe.model.path, recipe.model.trust_remote_code))
     groups = build_worker_groups(recipe, ["actor", "reward"], pick_device(recipe.trainer.device))
     try:
-        groups["actor"].init_model(total_updates=1, checkpoint=f"{checkpoint}/actor" if checkpoint else None)
+        groups["actor"].init_model(checkpoint=f"{checkpoint}/actor" if checkpoint else None)
         groups["reward"].init_model()
         return evaluator.run(groups["actor"], groups["reward"], step)
     finally:

@@ -18,6 +18,7 @@ import torch
 from hflow.engine.groups.worker import LocalWorkerGroup, ResourcePool, WorkerGroup
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.worker_specs import worker_spec
 
 
 def worker_class(role: str) -> type:
@@ -169,7 +170,7 @@ def build_worker_groups(recipe: Recipe, roles: list[str], device: torch.device,
             raise UserError(f"placement.backend local runs one colocated device; this placement has pools "
                             f"{sizes}: use placement.backend ray")
         pool = ResourcePool(next(iter(sizes)), ["cuda:0" if kind == "cuda" else "cpu"])
-        groups = {r: LocalWorkerGroup(r, pool, worker_class(r), recipe) for r in roles}
+        groups = {r: LocalWorkerGroup(r, pool, worker_class(r), worker_spec(recipe, r)) for r in roles}
         return WorkerGroups("local", [pool], groups, mapper_plan=mapper_plan)
     return _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan)
 
@@ -186,7 +187,8 @@ def _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan)
     try:
         handles = {p.name: cluster.spawn_pool(p, use_gpu=kind == "cuda") for p in pools}
         by_name = {p.name: p for p in pools}
-        groups = {r: cluster.add_role(handles[role_pool[r]], r, worker_class(r), by_name[role_pool[r]], recipe)
+        groups = {r: cluster.add_role(handles[role_pool[r]], r, worker_class(r), by_name[role_pool[r]],
+                                      worker_spec(recipe, r))
                   for r in roles}
     except BaseException:
         cluster.shutdown()

@@ -8,7 +8,6 @@ asks it for the steps to run, and reports each finished step to it.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import time
@@ -61,22 +60,12 @@ class Session:
 
     # --- set-up and resume ------------------------------------------------------------
 
-    def init_workers(self, total_updates: int) -> None:
-        """Initialise every role; when the run has a checkpoint, continue from it.
-
-        `total_updates` (the actor's optimizer steps over the run) goes to every worker whose
-        `init_model` takes it; a worker whose `init_model` takes `checkpoint` gets its own
-        directory of the checkpoint (`<checkpoint>/<role>`) when resuming.
-        """
+    def init_workers(self) -> None:
+        """Initialise every role; when the run has a checkpoint, continue from it (each role's
+        `init_model(checkpoint)` gets its own directory of it, `<checkpoint>/<role>`, or None)."""
         checkpoint = self.run.latest_checkpoint()
         for role, group in self.groups.items():
-            params = inspect.signature(group.worker_cls.init_model).parameters
-            kwargs: dict[str, Any] = {}
-            if "total_updates" in params:
-                kwargs["total_updates"] = total_updates
-            if "checkpoint" in params:
-                kwargs["checkpoint"] = str(checkpoint / role) if checkpoint else None
-            group.init_model(**kwargs)
+            group.init_model(checkpoint=str(checkpoint / role) if checkpoint else None)
         if checkpoint:
             state = json.loads((checkpoint / "trainer_state.json").read_text())
             self._resumed_state = state

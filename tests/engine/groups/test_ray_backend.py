@@ -49,7 +49,7 @@ def _updated_weights(recipe, batch, out_dir):
     groups = build_worker_groups(recipe, ["actor"], torch.device("cpu"))
     try:
         actor = groups["actor"]
-        actor.init_model(total_updates=1)
+        actor.init_model()
         metrics = actor.update_actor(batch)
         if hasattr(metrics, "get") and hasattr(metrics, "__hflow_future__"):
             metrics = metrics.get()
@@ -64,7 +64,7 @@ def test_dp2_on_ray_equals_dp1_local(ray_cluster, tiny_model, tmp_path, zero_sta
     local = _recipe(tiny_model, actor={"zero_stage": zero_stage})
     # One rollout batch from the local actor, fed identically to both runs.
     groups = build_worker_groups(local, ["actor"], torch.device("cpu"))
-    groups["actor"].init_model(total_updates=1)
+    groups["actor"].init_model()
     from hflow.trainer.data.prompts import PromptData
     from hflow.engine.models.loading import load_tokenizer
 
@@ -162,7 +162,7 @@ def test_generation_uses_the_updated_weights(ray_cluster, tiny_model, tmp_path, 
     groups = build_worker_groups(recipe, ["actor"], torch.device("cpu"))
     try:
         actor = groups["actor"]
-        actor.init_model(total_updates=2)
+        actor.init_model()
         batch = actor.generate_sequences(prompts)
         batch |= actor.compute_log_prob(batch)
         batch |= Batch({"advantages": torch.randn(16, generator=torch.Generator().manual_seed(2))})

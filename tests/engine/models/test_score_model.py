@@ -14,6 +14,7 @@ from hflow.engine.models.loading import build_tiny_score_model, load_causal_lm, 
 from hflow.engine.models.score_model import last_token_scores, load_score_model
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.worker_specs import worker_spec
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_reward_worker_matches_transformers_sequence_classifier(tiny_model, tiny
 
     recipe = Recipe(model={"path": str(tiny_model)}, data={"train": "synthetic:digits"},
                     reward={"model": str(tiny_scorer)})
-    worker = RewardWorker(recipe)
+    worker = RewardWorker(worker_spec(recipe, "reward"))
     worker.init_model()
     assert worker.model_tokenizer is None  # same tokenizer as the actor: ids are scored as they are
     batch = _rollout(tiny_model)
@@ -98,7 +99,7 @@ def test_critic_values_update_and_exact_resume(tiny_model, tiny_scorer, tmp_path
                     reward={"model": str(tiny_scorer)}, critic={"lr": 1e-3, "micro_batch_size": 3},
                     actor={"micro_batch_size": 3},
                     rollout={"n": 2}, trainer={"prompts_per_step": 3, "total_steps": 5})
-    critic = CriticWorker(recipe)
+    critic = CriticWorker(worker_spec(recipe, "critic"))
     critic.init_model()
     # The critic starts as the reward model: its last-token output is the reward model's score.
     batch = _rollout(tiny_model)
@@ -111,7 +112,7 @@ def test_critic_values_update_and_exact_resume(tiny_model, tiny_scorer, tmp_path
     critic.save_checkpoint(str(tmp_path / "critic"))
     after = critic.update_critic(batch)
 
-    resumed = CriticWorker(recipe)
+    resumed = CriticWorker(worker_spec(recipe, "critic"))
     resumed.init_model(checkpoint=str(tmp_path / "critic"))
     assert resumed.update_critic(batch) == pytest.approx(after, rel=1e-6)
 
@@ -124,7 +125,7 @@ def test_tiny_cost_model_scores_high_digits_as_costly(tiny_model, tmp_path):
     assert card["held_out_mean_abs_error"] < 0.08
     recipe = Recipe(model={"path": str(tiny_model)}, data={"train": "synthetic:digits"}, algorithm="safe_rlhf",
                     cost={"model": str(tmp_path / "cost")})
-    worker = CostWorker(recipe)
+    worker = CostWorker(worker_spec(recipe, "cost"))
     worker.init_model()
     tok = worker.tokenizer
     prompt = tok("write digits: ", add_special_tokens=False).input_ids

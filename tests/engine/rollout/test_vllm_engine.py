@@ -109,7 +109,7 @@ def _actor(tiny_model, zero_stage=1):
         "trainer": {"prompts_per_step": 4},
     }, {}, "test")
     groups = build_worker_groups(recipe, ["actor"], torch.device("cpu"))
-    groups["actor"].init_model(total_updates=2)
+    groups["actor"].init_model()
     prompts = PromptData(recipe.data, load_tokenizer(str(tiny_model)), 0, 4)
     return groups["actor"], prompts
 

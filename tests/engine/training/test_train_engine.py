@@ -8,6 +8,7 @@ from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.models.loading import load_causal_lm
 from hflow.engine.training.train_engine import TrainEngine, lr_lambda
 from hflow.trainer.config.recipe import ActorConfig
+from hflow.trainer.control.worker_specs import optim_spec
 
 
 def _update(engine, ids):
@@ -20,7 +21,7 @@ def _engine(tiny_model, cfg, weights=None):
     model = load_causal_lm(str(tiny_model), torch.float32)
     if weights is not None:
         model.load_state_dict(weights, strict=False)
-    return TrainEngine(model, cfg, total_updates=10, micro_batch_size=4, micro_steps=1, bf16=False)
+    return TrainEngine(model, optim_spec(cfg), total_updates=10, micro_batch_size=4, micro_steps=1, bf16=False)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -45,13 +46,13 @@ def test_resume_continues_exactly(tiny_model, tmp_path, stage):
 
 
 def first_lr_at(cfg, step):
-    return cfg.lr * lr_lambda(cfg, 10)(step)
+    return cfg.lr * lr_lambda(optim_spec(cfg), 10)(step)
 
 
 def test_lr_schedule_shapes():
     cfg = ActorConfig(lr=1.0, warmup_steps=2, lr_schedule="linear", min_lr_ratio=0.1)
-    f = lr_lambda(cfg, 12)
+    f = lr_lambda(optim_spec(cfg), 12)
     assert [f(0), f(1)] == [0.5, 1.0]
     assert f(2) == pytest.approx(1.0) and f(7) == pytest.approx(0.1 + 0.9 * 0.5) and f(12) == pytest.approx(0.1)
-    cos = lr_lambda(ActorConfig(lr=1.0, lr_schedule="cosine"), 10)
+    cos = lr_lambda(optim_spec(ActorConfig(lr=1.0, lr_schedule="cosine")), 10)
     assert cos(5) == pytest.approx(0.5) and cos(10) == pytest.approx(0.0, abs=1e-12)

@@ -23,7 +23,7 @@ def _recipe(model, **actor):
 def _rollout_and_update(recipe, model):
     groups = build_worker_groups(recipe, ["actor"], torch.device("cpu"))
     actor = groups["actor"]
-    actor.init_model(total_updates=1)
+    actor.init_model()
     prompts = PromptData(recipe.data, load_tokenizer(str(model)), 0, 4).batch(1)
     batch = actor.generate_sequences(prompts)
     if recipe.actor.recompute_old_log_probs:

@@ -1,0 +1,120 @@
+"""What each worker is told: small typed settings, resolved by the controller from the recipe.
+
+Workers never see the recipe. The controller (`trainer/control/worker_specs.py`) makes the
+choices a recipe leaves implicit -- the active algorithm's KL and clip, the critic's initial
+weights, the mini-batch of a whole step, the optimizer steps of the run -- and hands each role
+one of the specs below. They are plain frozen dataclasses, so they pickle to Ray workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model a worker loads: a local directory or hub id, in `dtype` (auto: bf16 on GPU, fp32 on CPU)."""
+
+    path: str
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """AdamW under DeepSpeed ZeRO for one trained role (the recipe's actor or critic section).
+
+    mini_batch_size: sequences per optimizer step over the whole group (already resolved);
+    total_updates: optimizer steps over the run (the LR schedule's length)."""
+
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    lr_schedule: str
+    warmup_steps: int
+    min_lr_ratio: float
+    grad_clip: float
+    zero_stage: int
+    mini_batch_size: int
+    micro_batch_size: int
+    micro_batch_tokens: Optional[int]
+    epochs: int
+    total_updates: int
+
+
+@dataclass(frozen=True)
+class KLSettings:
+    """coef: weight of the KL to the reference; estimator: k1/k2/k3/abs (`losses.kl_estimate`);
+    in_reward: charged per token in the reward (true) or added to the actor's loss (false)."""
+
+    coef: float
+    estimator: str
+    in_reward: bool
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """How the actor samples (the recipe's `rollout` section, plus the prompt length it must hold)."""
+
+    engine: str
+    n: int
+    max_response_length: int
+    temperature: float
+    top_p: float
+    top_k: int
+    batch_size: int
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    weight_bucket_mb: int
+    enforce_eager: bool
+    max_prompt_length: int
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """The actor: its model and optimiser, how it samples, and the policy loss's settings."""
+
+    model: ModelSpec
+    optim: OptimSpec
+    rollout: RolloutSpec
+    kl: KLSettings
+    clip: tuple[float, float]  # PPO ratio clip (low, high)
+    ptx_coef: float
+    recompute_old_log_probs: bool
+    offload_in_rollout: bool
+    seed: int
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    """A value model (PPO's critic, Safe-RLHF's cost critic) and its clipped value loss."""
+
+    model: ModelSpec  # its initial weights: a reward model or a causal LM
+    optim: OptimSpec
+    value_clip: Optional[float]
+    seed: int  # seeds a new value head
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    """The frozen reference policy: scores responses at the rollout's temperature."""
+
+    model: ModelSpec
+    temperature: float
+    micro_batch_size: int
+
+
+@dataclass(frozen=True)
+class ScorerSpec:
+    """A reward or cost: a sequence-classification model, or a function (already resolved by the
+    controller, so a bad name fails before any worker starts). `section` ("reward" or "cost")
+    names the recipe keys in errors; `tokenizer` is the actor's, which decodes the responses."""
+
+    section: str
+    tokenizer: ModelSpec
+    model: Optional[ModelSpec]
+    fn: Optional[Callable[..., list]]
+    function: Optional[str]
+    micro_batch_size: int
