@@ -13,6 +13,7 @@ from hflow.engine.groups.worker import WorkerError
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
+from hflow.trainer.control.session import failure_message
 
 # What --set may change on --resume: keys that do not alter the run's math.
 RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.",
@@ -57,11 +58,9 @@ def train(
     try:
         algorithm(loaded, run)
     except BaseException as err:
-        step = run.read_status().get("step", 0)
-        message = str(err) if isinstance(err, (UserError, WorkerError)) else f"{type(err).__name__}: {err}"
-        if isinstance(err, KeyboardInterrupt):
-            message = "interrupted"
-        run.write_status("failed", step, message)
+        # The session has marked the run failed already when it was running; this covers the
+        # start-up before it (the same line either way).
+        run.write_status("failed", run.read_status().get("step", 0), failure_message(err))
         if not isinstance(err, UserError):
             logging.getLogger("hflow").error("run failed:\n%s", traceback.format_exc())
         if isinstance(err, WorkerError):

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
 from hflow.engine.groups.worker import ResourcePool, WorkerError, WorkerGroup
@@ -179,7 +180,7 @@ class Future:
         return True
 
     def __len__(self) -> int:
-        return len(self["response_mask"]) if self._value is None else len(self._value)
+        return len(self[col.RESPONSE_MASK]) if self._value is None else len(self._value)
 
     def __or__(self, other: "Future | Batch") -> "Future":
         if isinstance(other, Batch):

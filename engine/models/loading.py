@@ -8,6 +8,8 @@ the local cache or the hub can serve), with `trust_remote_code` off unless asked
 
 from __future__ import annotations
 
+import functools
+
 import string
 from pathlib import Path
 
@@ -113,9 +115,19 @@ def check_model_source(path: str, what: str) -> None:
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
+    """The model's tokenizer, left-padding, with a pad token. Loaded once per process: the
+    controller and the workers colocated with it share one (nothing changes it after loading);
+    a local directory that changed since is read again."""
     check_model_source(path, "tokenizer")
+    folder = Path(path)
+    stamp = folder.stat().st_mtime_ns if folder.is_dir() else None
+    return _load_tokenizer(str(path), trust_remote_code, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(path: str, trust_remote_code: bool, _stamp: int | None):
+    from transformers import AutoTokenizer  # heavy: only commands that load a model pay for it
+
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

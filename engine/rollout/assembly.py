@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from hflow.engine import columns as col
+
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids for a left-padded attention mask (padding gets position 0)."""
@@ -47,11 +49,11 @@ def assemble_rollout(prompts: list[list[int]], responses: torch.Tensor, lengths:
         prompt_mask[row, width_p - len(p):] = 1
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     out = {
-        "input_ids": torch.cat([prompt_ids, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": positions(attention_mask),
-        "responses": responses,
-        "response_mask": response_mask,
+        col.INPUT_IDS: torch.cat([prompt_ids, responses], dim=1),
+        col.ATTENTION_MASK: attention_mask,
+        col.POSITION_IDS: positions(attention_mask),
+        col.RESPONSES: responses,
+        col.RESPONSE_MASK: response_mask,
     }
     for name, values in per_token.items():
         out[name] = _fit(values.float(), width_r, 0.0) * response_mask

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 
 
@@ -35,9 +36,9 @@ def _logits_kwargs(forward: Callable, keep: int) -> dict:
 def prompt_groups(batch: Batch) -> torch.Tensor:
     """(B,) group index of each row: consecutive rows with the same prompt share one (the n
     samples of a prompt, as rollouts lay them out)."""
-    mask = batch["attention_mask"]
-    width_p = mask.shape[1] - batch["response_mask"].shape[1]
-    prompts = batch["input_ids"][:, :width_p] * mask[:, :width_p]
+    mask = batch[col.ATTENTION_MASK]
+    width_p = mask.shape[1] - batch[col.RESPONSE_MASK].shape[1]
+    prompts = batch[col.INPUT_IDS][:, :width_p] * mask[:, :width_p]
     lengths = mask[:, :width_p].sum(-1)
     same = (prompts[1:] == prompts[:-1]).all(-1) & (lengths[1:] == lengths[:-1])
     return torch.cat([same.new_zeros(1, dtype=torch.long), (~same).long().cumsum(0)])
@@ -52,7 +53,7 @@ def response_log_probs(forward: Callable, batch: Batch, temperature: float,
     (set by `packing.micro_batches`, which chose a cut for whole rows); otherwise every row is
     scored whole (`_left_aligned_logits`).
     """
-    responses = batch["responses"]
+    responses = batch[col.RESPONSES]
     groups = prompt_groups(batch)
     share = batch.meta.get("share_prompts", True)
     if share and int(groups[-1]) + 1 < len(groups) and _can_share(forward):
@@ -91,17 +92,17 @@ def _shared_prompt_logits(forward: Callable, batch: Batch, groups: torch.Tensor)
     """
     from hflow.engine.rollout.assembly import positions
 
-    mask = batch["attention_mask"]
-    width_r = batch["responses"].shape[1]
+    mask = batch[col.ATTENTION_MASK]
+    width_r = batch[col.RESPONSES].shape[1]
     width_p = mask.shape[1] - width_r
     first_rows = torch.cat([groups.new_zeros(1), (groups[1:] != groups[:-1]).nonzero().squeeze(-1) + 1])
-    prompt_ids, prompt_mask = batch["input_ids"][first_rows, :width_p], mask[first_rows, :width_p]
+    prompt_ids, prompt_mask = batch[col.INPUT_IDS][first_rows, :width_p], mask[first_rows, :width_p]
     prefix = forward(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
                      use_cache=True, **_logits_kwargs(forward, 1))
     cache = prefix.past_key_values
     cache.batch_select_indices(groups.to(prompt_ids.device))
     start = mask[:, :width_p].sum(-1, keepdim=True)
-    out = forward(input_ids=batch["responses"], attention_mask=mask,
+    out = forward(input_ids=batch[col.RESPONSES], attention_mask=mask,
                   position_ids=start + torch.arange(width_r, device=mask.device)[None],
                   past_key_values=cache, use_cache=True)
     first = prefix.logits[:, -1:][groups]
@@ -116,13 +117,13 @@ def _left_aligned_logits(forward: Callable, batch: Batch) -> torch.Tensor:
     a row's tokens, which never attend forward), runs the fused causal attention, and computes
     max(prompt + response) columns instead of max(prompt) + max(response).
     """
-    responses, mask = batch["responses"], batch["attention_mask"]
+    responses, mask = batch[col.RESPONSES], batch[col.ATTENTION_MASK]
     width_r = responses.shape[1]
     width_p = mask.shape[1] - width_r
     prompt_lengths = mask[:, :width_p].sum(-1)
     columns = int(mask.sum(-1).max())
     source = (width_p - prompt_lengths)[:, None] + torch.arange(columns, device=mask.device)[None]
-    input_ids = batch["input_ids"].gather(1, source.clamp(max=mask.shape[1] - 1))
+    input_ids = batch[col.INPUT_IDS].gather(1, source.clamp(max=mask.shape[1] - 1))
     # Logits at column t predict token t + 1: row i's response logits start at column p_i - 1.
     first = int(prompt_lengths.min()) - 1
     out = forward(input_ids=input_ids, use_cache=False, **_logits_kwargs(forward, columns - first))
@@ -149,7 +150,7 @@ def ptx_loss(forward: Callable, batch: Batch, rows: int) -> torch.Tensor:
     mini-batch's rows on this rank), so that micro-batch shares add up to the mini-batch mean."""
     from hflow.engine.rollout.assembly import positions
 
-    ids, mask = batch["ptx_input_ids"], batch["ptx_attention_mask"]
+    ids, mask = batch[col.PTX_INPUT_IDS], batch[col.PTX_ATTENTION_MASK]
     out = forward(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
     log_probs = F.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     target = mask[:, 1:].float()

@@ -15,9 +15,10 @@ import functools
 import numpy as np
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 
-SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
+SEQUENCE_KEYS = (col.INPUT_IDS, col.ATTENTION_MASK, col.POSITION_IDS)
 
 
 def trim_padding(batch: Batch) -> Batch:
@@ -26,8 +27,8 @@ def trim_padding(batch: Batch) -> Batch:
     Tensors of shape (B, P + R) lose leading prompt padding and trailing response padding;
     tensors of shape (B, R) (per response token) lose the trailing response padding.
     """
-    mask = batch["attention_mask"]
-    response_mask = batch["response_mask"]
+    mask = batch[col.ATTENTION_MASK]
+    response_mask = batch[col.RESPONSE_MASK]
     width_r = response_mask.shape[1]
     width_p = mask.shape[1] - width_r
     used_r = max(1, int(response_mask.sum(-1).max()))
@@ -132,7 +133,7 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
     gets the same number of micro-batches, since ZeRO reduces gradients collectively."""
     from hflow.engine.training.logprobs import prompt_groups
 
-    lengths = mini["attention_mask"].sum(-1)
+    lengths = mini[col.ATTENTION_MASK].sum(-1)
     budget = micro_batch_tokens or micro_batch_size * int(lengths.max())
     cut = functools.partial(token_budget_groups, lengths, budget)
     rows, cost = cut(with_cost=True)
@@ -140,7 +141,7 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
     if groups is not None and int(groups[-1]) + 1 < len(groups):
         # Sharing prompts keeps a prompt's rows together, which can cost more padding than it
         # saves (short prompts, uneven responses): take whichever cut computes fewer tokens.
-        responses = mini["response_mask"].sum(-1)
+        responses = mini[col.RESPONSE_MASK].sum(-1)
         shared = functools.partial(prompt_group_cut, lengths - responses, responses, groups, budget)
         shared_rows, shared_cost = shared(with_cost=True)
         if shared_cost < cost:
@@ -160,12 +161,12 @@ def pad_rollout(out: dict[str, torch.Tensor], prompt_width: int, response_width:
                 pad_token_id: int) -> dict[str, torch.Tensor]:
     """A generator's output widened to `prompt_width + response_width` columns: prompts padded
     on the left, responses on the right (so data-parallel ranks can agree on one shape)."""
-    width_r = out["response_mask"].shape[1]
-    width_p = out["attention_mask"].shape[1] - width_r
+    width_r = out[col.RESPONSE_MASK].shape[1]
+    width_p = out[col.ATTENTION_MASK].shape[1] - width_r
     left, right = prompt_width - width_p, response_width - width_r
     if left == 0 and right == 0:
         return out
-    fill = {"input_ids": pad_token_id, "responses": pad_token_id}
+    fill = {col.INPUT_IDS: pad_token_id, col.RESPONSES: pad_token_id}
     padded = {}
     for key, t in out.items():
         value = fill.get(key, 0)

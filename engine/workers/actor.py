@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group, peak_memory_bytes
@@ -135,21 +136,21 @@ class ActorWorker(Worker):
             params = SamplingParams(evaluation["max_response_length"], t or 1.0, r.top_p, r.top_k, greedy=t == 0)
             n = evaluation["n"]
         self.phases.to_rollout()  # vllm: offload the training state, sync the weights, wake the KV cache
-        out = self.generator.generate(prompts["prompt_ids"], n, params, rng)
+        out = self.generator.generate(prompts[col.PROMPT_IDS], n, params, rng)
         if evaluation:
             self.phases.to_train()  # evaluation runs between steps: the checkpoint that may follow needs training state
         if self.world_size > 1:
             out = self._agree_on_widths(out)
         if not self.spec.recompute_old_log_probs:
             # Exactly on-policy: the sampler's log-probs are the old policy's.
-            out["old_log_probs"], out["entropy"] = out["rollout_log_probs"], out["rollout_entropy"]
+            out[col.OLD_LOG_PROBS], out[col.ENTROPY] = out[col.ROLLOUT_LOG_PROBS], out[col.ROLLOUT_ENTROPY]
         return prompts.repeat(n) | Batch(out)
 
     def _agree_on_widths(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every rank pads its rollout to the group's widest prompt and response, so the ranks'
         pieces concatenate into one batch (padding is cut again before any compute)."""
-        width_r = out["response_mask"].shape[1]
-        widths = torch.tensor([out["attention_mask"].shape[1] - width_r, width_r], device=self.device)
+        width_r = out[col.RESPONSE_MASK].shape[1]
+        widths = torch.tensor([out[col.ATTENTION_MASK].shape[1] - width_r, width_r], device=self.device)
         torch.distributed.all_reduce(widths, op=torch.distributed.ReduceOp.MAX)
         return pad_rollout(out, int(widths[0]), int(widths[1]), self.generator.pad)
 
@@ -167,20 +168,20 @@ class ActorWorker(Worker):
                                                    self.spec.optim.micro_batch_size, with_entropy=True)
         finally:
             model.train(was_training)
-        return Batch({"old_log_probs": log_probs.cpu(), "entropy": entropy.cpu()})
+        return Batch({col.OLD_LOG_PROBS: log_probs.cpu(), col.ENTROPY: entropy.cpu()})
 
     @register(Dispatch.DP_COMPUTE)
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """Policy update (every algorithm): epochs x mini-batches, each one optimizer step."""
         o, kl = self.spec.optim, self.spec.kl
         local_mini = o.mini_batch_size // self.world_size
-        use_kl = kl.coef > 0 and not kl.in_reward and "ref_log_probs" in batch
+        use_kl = kl.coef > 0 and not kl.in_reward and col.REF_LOG_PROBS in batch
         sums: dict[str, list[float]] = {}
         trained = 0  # tokens through forward and backward on this rank (for FLOP/s)
         self.phases.to_train()
         for _ in range(o.epochs):
             for mini in batch.split(local_mini):
-                tokens = global_token_count(mini["response_mask"], self.world_size, self.device)
+                tokens = global_token_count(mini[col.RESPONSE_MASK], self.world_size, self.device)
                 micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens,
                                        self.world_size, self.device,
                                        share_prompts=not self.spec.model.gradient_checkpointing)
@@ -188,7 +189,7 @@ class ActorWorker(Worker):
                 for i, micro in enumerate(micros):
                     self.train_engine.set_boundary(i == len(micros) - 1)
                     micro_stats.append(self._micro_step(micro.to(self.device), tokens, use_kl))
-                    trained += int(micro["attention_mask"].sum())
+                    trained += int(micro[col.ATTENTION_MASK].sum())
                 for k in micro_stats[-1]:
                     values = [s[k] for s in micro_stats if k in s]
                     # Losses are already shares of the mini-batch mean: they add up.
@@ -203,21 +204,21 @@ class ActorWorker(Worker):
 
     def _micro_step(self, micro: Batch, tokens: float, use_kl: bool) -> dict[str, float]:
         s, kl = self.spec, self.spec.kl
-        mask = micro["response_mask"].float()
+        mask = micro[col.RESPONSE_MASK].float()
         log_probs, _ = response_log_probs(self.train_engine.forward, micro, s.rollout.temperature)
         # DeepSpeed averages gradients over ranks, so each rank's share of the global token
         # sum is scaled up by the world size: the update is the same for any DP size.
         normalizer = tokens / self.world_size
-        pg_loss, pg_stats = ppo_policy_loss(log_probs, micro["old_log_probs"], micro["advantages"], mask,
+        pg_loss, pg_stats = ppo_policy_loss(log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask,
                                             *s.clip, normalizer=normalizer)
         loss = pg_loss
         stats = {"pg_loss": float(pg_loss.detach()), **pg_stats}
         if use_kl:
-            token_kl = kl_estimate(log_probs, micro["ref_log_probs"], kl.estimator)
+            token_kl = kl_estimate(log_probs, micro[col.REF_LOG_PROBS], kl.estimator)
             kl_loss = (token_kl * mask).sum() / normalizer
             loss = loss + kl.coef * kl_loss
             stats["kl_loss"] = float(masked_mean(token_kl.detach(), mask))
-        if "ptx_input_ids" in micro:  # InstructGPT's PPO-ptx: keep the pretraining likelihood up
+        if col.PTX_INPUT_IDS in micro:  # InstructGPT's PPO-ptx: keep the pretraining likelihood up
             ptx = ptx_loss(self.train_engine.forward, micro, s.optim.mini_batch_size // self.world_size)
             loss = loss + s.ptx_coef * ptx
             stats["ptx_loss"] = float(ptx)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.groups.dispatch import Dispatch, register
@@ -28,7 +29,7 @@ from hflow.engine.workers.config import CriticSpec
 
 
 class CriticWorker(Worker):
-    values_key, returns_key, prefix = "values", "returns", "critic"
+    values_key, returns_key, prefix = col.VALUES, col.RETURNS, "critic"
 
     def __init__(self, spec: CriticSpec, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         super().__init__(rank, world_size)
@@ -59,11 +60,11 @@ class CriticWorker(Worker):
             self.train_engine.load(Path(checkpoint))
 
     def _values(self, forward, batch: Batch) -> torch.Tensor:
-        width = batch["responses"].shape[1]
-        scores = forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         position_ids=batch["position_ids"])
+        width = batch[col.RESPONSES].shape[1]
+        scores = forward(input_ids=batch[col.INPUT_IDS], attention_mask=batch[col.ATTENTION_MASK],
+                         position_ids=batch[col.POSITION_IDS])
         # The head's output at the position before response token t values the state it is sampled from.
-        return scores[:, -width - 1:-1] * batch["response_mask"]
+        return scores[:, -width - 1:-1] * batch[col.RESPONSE_MASK]
 
     @register(Dispatch.DP_COMPUTE)
     @torch.no_grad()
@@ -83,7 +84,7 @@ class CriticWorker(Worker):
         sums: dict[str, list[float]] = {}
         for _ in range(cfg.epochs):
             for mini in batch.split(local_mini):
-                tokens = global_token_count(mini["response_mask"], self.world_size, self.device)
+                tokens = global_token_count(mini[col.RESPONSE_MASK], self.world_size, self.device)
                 micros = micro_batches(mini, cfg.micro_batch_size, cfg.micro_batch_tokens, self.world_size,
                                        self.device)
                 stats = []
@@ -101,7 +102,7 @@ class CriticWorker(Worker):
     def _micro_step(self, micro: Batch, tokens: float) -> dict[str, float]:
         values = self._values(self.train_engine.forward, micro)
         # Shares of the mini-batch's token mean, scaled by the world size as DeepSpeed averages ranks.
-        loss, stats = value_loss(values, micro[self.values_key], micro[self.returns_key], micro["response_mask"],
+        loss, stats = value_loss(values, micro[self.values_key], micro[self.returns_key], micro[col.RESPONSE_MASK],
                                  self.spec.value_clip, normalizer=tokens / self.world_size)
         self.train_engine.backward(loss)
         grad_norm = self.train_engine.step()
@@ -115,4 +116,4 @@ class CriticWorker(Worker):
 class CostCriticWorker(CriticWorker):
     """Safe-RLHF's cost critic (its initial weights: `cost.critic_path`, else the cost model)."""
 
-    values_key, returns_key, prefix = "cost_values", "cost_returns", "cost_critic"
+    values_key, returns_key, prefix = col.COST_VALUES, col.COST_RETURNS, "cost_critic"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.training.logprobs import batched_log_probs
@@ -31,4 +32,4 @@ class ReferenceWorker(Worker):
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         log_probs, _ = batched_log_probs(self.model, batch.to(self.device), self.spec.temperature,
                                          self.spec.micro_batch_size)
-        return Batch({"ref_log_probs": log_probs.cpu()})
+        return Batch({col.REF_LOG_PROBS: log_probs.cpu()})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.rollout.assembly import positions
@@ -23,11 +24,11 @@ from hflow.engine.workers.config import ScorerSpec
 from hflow.errors import UserError
 
 # Columns the worker itself adds or reads; the rest go to the reward function.
-_INTERNAL = {"prompt_ids", "uid", "prompt"}
+_INTERNAL = {col.PROMPT_IDS, col.UID, col.PROMPT}
 
 
 class RewardWorker(Worker):
-    output_key = "scores"
+    output_key = col.SCORES
 
     def __init__(self, spec: ScorerSpec, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         super().__init__(rank, world_size)
@@ -53,14 +54,14 @@ class RewardWorker(Worker):
 
     def _texts(self, batch: Batch) -> list[str]:
         return self.tokenizer.batch_decode(
-            [row[mask.bool()].tolist() for row, mask in zip(batch["responses"], batch["response_mask"])],
+            [row[mask.bool()].tolist() for row, mask in zip(batch[col.RESPONSES], batch[col.RESPONSE_MASK])],
             skip_special_tokens=True,
         )
 
     def _score(self, batch: Batch, texts: list[str]) -> torch.Tensor:
         if self.model is None:
             columns = {k: v for k, v in batch.columns.items() if k not in _INTERNAL}
-            scores = self.fn(batch["prompt"], texts, **columns)
+            scores = self.fn(batch[col.PROMPT], texts, **columns)
             if len(scores) != len(texts):
                 raise UserError(f"{self.spec.section}.function {self.spec.function!r} returned {len(scores)} scores for "
                                 f"{len(texts)} responses")
@@ -70,40 +71,40 @@ class RewardWorker(Worker):
         with torch.no_grad():
             for micro in inputs.split(self.spec.micro_batch_size):
                 micro = micro.to(self.device)
-                scores = self.model(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
-                out.append(last_token_scores(scores, micro["attention_mask"]).float().cpu())
+                scores = self.model(micro[col.INPUT_IDS], micro[col.ATTENTION_MASK], micro[col.POSITION_IDS])
+                out.append(last_token_scores(scores, micro[col.ATTENTION_MASK]).float().cpu())
         return torch.cat(out)
 
     def _model_inputs(self, batch: Batch, texts: list[str]) -> Batch:
         if self.model_tokenizer is None:
-            return batch.select("input_ids", "attention_mask", "position_ids")
+            return batch.select(col.INPUT_IDS, col.ATTENTION_MASK, col.POSITION_IDS)
         tok = self.model_tokenizer
         rows = []
-        for prompt, text in zip(batch["prompt"], texts):
+        for prompt, text in zip(batch[col.PROMPT], texts):
             if isinstance(prompt, list):
                 chat = tok.apply_chat_template([*prompt, {"role": "assistant", "content": text}], tokenize=False)
-                rows.append(tok(chat, add_special_tokens=False)["input_ids"])
+                rows.append(tok(chat, add_special_tokens=False)[col.INPUT_IDS])
             else:
-                rows.append(tok(str(prompt) + text)["input_ids"])
+                rows.append(tok(str(prompt) + text)[col.INPUT_IDS])
         width = max(len(ids) for ids in rows)
         input_ids = torch.full((len(rows), width), tok.pad_token_id or 0, dtype=torch.long)
         mask = torch.zeros_like(input_ids)
         for i, ids in enumerate(rows):
             input_ids[i, :len(ids)] = torch.tensor(ids)
             mask[i, :len(ids)] = 1
-        return Batch({"input_ids": input_ids, "attention_mask": mask, "position_ids": positions(mask)})
+        return Batch({col.INPUT_IDS: input_ids, col.ATTENTION_MASK: mask, col.POSITION_IDS: positions(mask)})
 
     @register(Dispatch.DP_COMPUTE)
     def compute_reward(self, batch: Batch) -> Batch:
         """`scores` (N,) and the decoded `response_text` of every row."""
         texts = self._texts(batch)
-        return Batch({self.output_key: self._score(batch, texts)}, {"response_text": texts})
+        return Batch({self.output_key: self._score(batch, texts)}, {col.RESPONSE_TEXT: texts})
 
 
 class CostWorker(RewardWorker):
     """Safe-RLHF's cost: `cost.model` or `cost.function`; positive means unsafe."""
 
-    output_key = "costs"
+    output_key = col.COSTS
 
     @register(Dispatch.DP_COMPUTE)
     def compute_cost(self, batch: Batch) -> Batch:

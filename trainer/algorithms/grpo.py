@@ -7,6 +7,7 @@ frozen reference. There is no critic.
 
 from __future__ import annotations
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer import advantages
 from hflow.trainer.losses import kl_estimate
@@ -24,7 +25,8 @@ def train(recipe: Recipe, run: RunDir) -> None:
         for step in session.steps():
             with session.stage("generate"):
                 batch = actor.generate_sequences(session.prompts(step))
-            batch = session.score_with_policies(batch)
+            batch = session.old_log_probs(batch)
+            batch = session.reference_log_probs(batch)
             with session.stage("reward"):
                 batch |= reward.compute_reward(batch)
             with session.stage("advantage"):
@@ -38,9 +40,9 @@ def train(recipe: Recipe, run: RunDir) -> None:
 def compute_advantages(batch: Batch, recipe: Recipe) -> Batch:
     """Group-normalised sequence scores; with `kl_in_reward`, the summed KL is charged first."""
     g = recipe.grpo
-    scores = batch["scores"].float()
-    if g.kl_in_reward and "ref_log_probs" in batch:
-        kl = kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], g.kl_estimator)
-        scores = scores - g.kl_coef * (kl * batch["response_mask"]).sum(-1)
-    adv = advantages.grpo(scores, batch["uid"], eps=g.eps, scale_by_std=g.scale_by_std)
-    return Batch({"advantages": adv})
+    scores = batch[col.SCORES].float()
+    if g.kl_in_reward and col.REF_LOG_PROBS in batch:
+        kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], g.kl_estimator)
+        scores = scores - g.kl_coef * (kl * batch[col.RESPONSE_MASK]).sum(-1)
+    adv = advantages.grpo(scores, batch[col.UID], eps=g.eps, scale_by_std=g.scale_by_std)
+    return Batch({col.ADVANTAGES: adv})

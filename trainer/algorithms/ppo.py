@@ -9,6 +9,7 @@ coefficient is fixed or adapted towards `ppo.kl_target` (`kl_control.py`).
 
 from __future__ import annotations
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer import advantages
 from hflow.trainer.kl_control import kl_controller
@@ -31,7 +32,8 @@ def train(recipe: Recipe, run: RunDir) -> None:
         for step in session.steps():
             with session.stage("generate"):
                 batch = actor.generate_sequences(session.prompts(step))
-            batch = session.score_with_policies(batch)
+            batch = session.old_log_probs(batch)
+            batch = session.reference_log_probs(batch)
             with session.stage("values"):
                 batch |= critic.compute_values(batch)
             with session.stage("reward"):
@@ -55,27 +57,27 @@ def compute_advantages(batch: Batch, recipe: Recipe, kl_coef: float) -> Batch:
     `returns` (N, R), the critic's targets.
     """
     p = recipe.ppo
-    mask = batch["response_mask"]
-    rewards = advantages.token_rewards(batch["scores"], mask, token_kl(batch, recipe), kl_coef)
-    adv, returns = advantages.gae(rewards, batch["values"], mask, p.gamma, p.lam)
+    mask = batch[col.RESPONSE_MASK]
+    rewards = advantages.token_rewards(batch[col.SCORES], mask, token_kl(batch, recipe), kl_coef)
+    adv, returns = advantages.gae(rewards, batch[col.VALUES], mask, p.gamma, p.lam)
     if p.whiten_advantages:
         adv = advantages.whiten(adv, mask)
-    return Batch({"token_rewards": rewards, "advantages": adv, "returns": returns})
+    return Batch({col.TOKEN_REWARDS: rewards, col.ADVANTAGES: adv, col.RETURNS: returns})
 
 
 def token_kl(batch: Batch, recipe: Recipe):
     """Per-token KL of the rollout policy to the reference (N, R), or None without a reference."""
-    if "ref_log_probs" not in batch:
+    if col.REF_LOG_PROBS not in batch:
         return None
-    return kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], recipe.kl.estimator)
+    return kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], recipe.kl.estimator)
 
 
-def step_stats(batch: Batch, recipe: Recipe, kl_coef: float, values_key: str = "values",
-               returns_key: str = "returns", prefix: str = "critic") -> dict[str, float]:
+def step_stats(batch: Batch, recipe: Recipe, kl_coef: float, values_key: str = col.VALUES,
+               returns_key: str = col.RETURNS, prefix: str = "critic") -> dict[str, float]:
     """Controller-side statistics of a step: the KL coefficient, the mean over sequences of
     their summed KL (what the adaptive controller tracks), and how well the critic's values
     (before its update) explained the returns."""
-    mask = batch["response_mask"].float()
+    mask = batch[col.RESPONSE_MASK].float()
     kl = token_kl(batch, recipe)
     stats = {"kl/coef": kl_coef, "kl/sequence": float((kl * mask).sum(-1).mean()) if kl is not None else 0.0}
     stats[f"{prefix}/vf_explained_var"] = explained_variance(batch[values_key], batch[returns_key], mask)

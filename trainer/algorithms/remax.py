@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer import advantages
 from hflow.trainer.losses import kl_estimate
@@ -31,10 +32,11 @@ def train(recipe: Recipe, run: RunDir) -> None:
             with session.stage("generate_greedy"):
                 greedy_prompts = Batch(prompts.tensors, prompts.columns, prompts.meta | {"greedy": True})
                 greedy = actor.generate_sequences(greedy_prompts)
-            batch = session.score_with_policies(batch)
+            batch = session.old_log_probs(batch)
+            batch = session.reference_log_probs(batch)
             with session.stage("reward"):
                 batch |= reward.compute_reward(batch)
-                baseline = reward.compute_reward(greedy)["scores"]
+                baseline = reward.compute_reward(greedy)[col.SCORES]
             with session.stage("advantage"):
                 batch |= compute_advantages(batch, baseline, recipe)
             with session.stage("update_actor"):
@@ -46,11 +48,11 @@ def train(recipe: Recipe, run: RunDir) -> None:
 def compute_advantages(batch: Batch, baseline: torch.Tensor, recipe: Recipe) -> Batch:
     """Token rewards (score at the last token, KL per token when `kl_in_reward`), reward-to-go,
     minus the greedy baseline of the row's prompt. `baseline`: (prompts,), one per prompt."""
-    kl_cfg, mask = recipe.kl, batch["response_mask"]
+    kl_cfg, mask = recipe.kl, batch[col.RESPONSE_MASK]
     kl = None
-    if kl_cfg.in_reward and "ref_log_probs" in batch:
-        kl = kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], kl_cfg.estimator)
-    rewards = advantages.token_rewards(batch["scores"], mask, kl, kl_cfg.coef)
+    if kl_cfg.in_reward and col.REF_LOG_PROBS in batch:
+        kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], kl_cfg.estimator)
+    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, kl_cfg.coef)
     per_row = baseline.float().repeat_interleave(len(batch) // len(baseline))  # rows are grouped by prompt
     adv, returns = advantages.remax(rewards, per_row, mask)
-    return Batch({"token_rewards": rewards, "advantages": adv, "returns": returns})
+    return Batch({col.TOKEN_REWARDS: rewards, col.ADVANTAGES: adv, col.RETURNS: returns})

@@ -15,6 +15,7 @@ with its own critic. The policy maximises reward subject to mean episode cost <=
 
 from __future__ import annotations
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer import advantages
 from hflow.trainer.algorithms import ppo
@@ -40,7 +41,8 @@ def train(recipe: Recipe, run: RunDir) -> None:
         for step in session.steps():
             with session.stage("generate"):
                 batch = actor.generate_sequences(session.prompts(step))
-            batch = session.score_with_policies(batch)
+            batch = session.old_log_probs(batch)
+            batch = session.reference_log_probs(batch)
             with session.stage("values"):
                 batch |= critic.compute_values(batch)
                 batch |= cost_critic.compute_values(batch)
@@ -48,7 +50,7 @@ def train(recipe: Recipe, run: RunDir) -> None:
                 batch |= reward.compute_reward(batch)
                 batch |= cost.compute_cost(batch)
             with session.stage("lagrange"):
-                multiplier = lagrangian.step(batch["costs"].tolist(), step)
+                multiplier = lagrangian.step(batch[col.COSTS].tolist(), step)
             with session.stage("advantage"):
                 batch |= compute_advantages(batch, recipe, kl_ctl.value, multiplier)
             with session.stage("update_critic"):
@@ -57,7 +59,7 @@ def train(recipe: Recipe, run: RunDir) -> None:
             with session.stage("update_actor"):
                 actor_metrics = actor.update_actor(batch | ptx.batch(step, len(batch)))
             stats = {**ppo.step_stats(batch, recipe, kl_ctl.value),
-                     **ppo.step_stats(batch, recipe, kl_ctl.value, "cost_values", "cost_returns", "cost_critic"),
+                     **ppo.step_stats(batch, recipe, kl_ctl.value, col.COST_VALUES, col.COST_RETURNS, "cost_critic"),
                      "lagrange/lambda": multiplier, "lagrange/episode_cost": lagrangian.window_mean}
             kl_ctl.update(stats["kl/sequence"], n_steps=len(batch))
             session.end_step(step, batch, actor_metrics, critic_metrics, cost_critic_metrics, stats)
@@ -70,15 +72,15 @@ def compute_advantages(batch: Batch, recipe: Recipe, kl_coef: float, multiplier:
     Returns `advantages` (combined; whitened when `ppo.whiten_advantages`), `returns` and
     `cost_returns` (the critics' targets), `token_rewards` and `token_costs` (N, R).
     """
-    p, mask = recipe.ppo, batch["response_mask"]
+    p, mask = recipe.ppo, batch[col.RESPONSE_MASK]
     kl = ppo.token_kl(batch, recipe)
     # safe-rlhf's PPOLagTrainer: reward tokens get +0.5 * (-beta * KL), cost tokens -0.5 * (-beta * KL).
-    rewards = advantages.token_rewards(batch["scores"], mask, kl, 0.5 * kl_coef)
-    costs = advantages.token_rewards(batch["costs"], mask, kl, -0.5 * kl_coef)
-    reward_adv, returns = advantages.gae(rewards, batch["values"], mask, p.gamma, p.lam)
-    cost_adv, cost_returns = advantages.gae(costs, batch["cost_values"], mask, p.gamma, p.lam)
+    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, 0.5 * kl_coef)
+    costs = advantages.token_rewards(batch[col.COSTS], mask, kl, -0.5 * kl_coef)
+    reward_adv, returns = advantages.gae(rewards, batch[col.VALUES], mask, p.gamma, p.lam)
+    cost_adv, cost_returns = advantages.gae(costs, batch[col.COST_VALUES], mask, p.gamma, p.lam)
     adv = combine_advantages(reward_adv, cost_adv, multiplier)
     if p.whiten_advantages:
         adv = advantages.whiten(adv, mask)
-    return Batch({"advantages": adv, "returns": returns, "cost_returns": cost_returns,
-                  "token_rewards": rewards, "token_costs": costs})
+    return Batch({col.ADVANTAGES: adv, col.RETURNS: returns, col.COST_RETURNS: cost_returns,
+                  col.TOKEN_REWARDS: rewards, col.TOKEN_COSTS: costs})

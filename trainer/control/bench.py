@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.models.loading import load_tokenizer
 from hflow.engine.groups.worker import resolve
@@ -55,7 +56,7 @@ def bench_rollout(recipe: Recipe, repeats: int) -> dict:
             start = time.perf_counter()
             out = resolve(actor.generate_sequences(data.batch(step)))
             seconds = time.perf_counter() - start
-            rows.append((seconds, float(out["response_mask"].sum()), float(out["attention_mask"].sum())))
+            rows.append((seconds, float(out[col.RESPONSE_MASK].sum()), float(out[col.ATTENTION_MASK].sum())))
     finally:
         groups.shutdown()
     seconds = statistics.median(r[0] for r in rows)
@@ -117,7 +118,7 @@ def bench_switch(recipe: Recipe, repeats: int) -> dict:
         batch = batch | resolve(actor.compute_log_prob(batch))
         from hflow.engine.groups.batch import Batch
 
-        batch = batch | Batch({"advantages": torch.zeros(len(batch))})
+        batch = batch | Batch({col.ADVANTAGES: torch.zeros(len(batch))})
         resolve(actor.update_actor(batch))
         rows = [actor.measure_switch() for _ in range(repeats)]
     finally:

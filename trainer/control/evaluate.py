@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer.data.prompts import encode_prompt, read_eval_rows
 from hflow.trainer.config.recipe import Recipe
@@ -50,7 +51,7 @@ class Evaluator:
         function = None if recipe.reward.model else recipe.reward.function
         rows = read_eval_rows(recipe.data, function, recipe.seed)
         for row in rows:
-            row["prompt_ids"] = encode_prompt(tokenizer, row["prompt"], recipe.data.max_prompt_length)
+            row[col.PROMPT_IDS] = encode_prompt(tokenizer, row[col.PROMPT], recipe.data.max_prompt_length)
         self.rows = rows
 
     def sampling(self) -> dict:
@@ -63,14 +64,14 @@ class Evaluator:
         world = actor.world_size
         rows = self.rows + self.rows[:(-len(self.rows)) % world]  # whole shares for every rank
         columns = {key: [row.get(key) for row in rows] for key in self.rows[0]}
-        columns["uid"] = list(range(len(rows)))
+        columns[col.UID] = list(range(len(rows)))
         prompts = Batch(columns=columns, meta={"step": step, "eval": self.sampling()})
         batch = actor.generate_sequences(prompts)
         batch |= reward.compute_reward(batch)
         n = self.recipe.eval.n
         keep = len(self.rows) * n  # the padding rows are left out of the metrics
-        batch = batch.select("scores", "response_mask")
-        return eval_metrics(batch["scores"][:keep], batch["response_mask"][:keep].sum(-1), n)
+        batch = batch.select(col.SCORES, col.RESPONSE_MASK)
+        return eval_metrics(batch[col.SCORES][:keep], batch[col.RESPONSE_MASK][:keep].sum(-1), n)
 
 
 def evaluate_model(recipe: Recipe, checkpoint: str | None, step: int) -> dict[str, float]:

@@ -14,9 +14,10 @@ import time
 from typing import Any, Iterator
 
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import pick_device
-from hflow.engine.groups.worker import resolve
+from hflow.engine.groups.worker import WorkerError, resolve
 from hflow.errors import UserError
 from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.data.prompts import PromptData
@@ -29,8 +30,8 @@ from hflow.trainer.rundir.writer import RunDir
 
 log = logging.getLogger("hflow.session")
 # The columns a step's event and samples are computed from (fetched once per step).
-STEP_COLUMNS = ("scores", "costs", "response_mask", "attention_mask", "entropy", "old_log_probs",
-                "ref_log_probs", "prompt", "response_text")
+STEP_COLUMNS = (col.SCORES, col.COSTS, col.RESPONSE_MASK, col.ATTENTION_MASK, col.ENTROPY, col.OLD_LOG_PROBS,
+                col.REF_LOG_PROBS, col.PROMPT, col.RESPONSE_TEXT)
 
 
 class Session:
@@ -51,12 +52,20 @@ class Session:
         self._wandb = None
         self._tracked: dict[str, Any] = {}
         self._resumed_state: dict[str, Any] = {}
+        self._last_step = 0
+        self._closed = False
 
     def __enter__(self) -> "Session":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.groups.shutdown()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Whatever ends the run early (an error, Ctrl-C, a lost worker) marks it failed, closes
+        the progress display and the wandb run, and the worker groups always shut down."""
+        try:
+            if exc is not None and not self._closed:
+                self.fail(self._last_step, failure_message(exc))
+        finally:
+            self.groups.shutdown()
 
     # --- set-up and resume ------------------------------------------------------------
 
@@ -70,6 +79,7 @@ class Session:
             state = json.loads((checkpoint / "trainer_state.json").read_text())
             self._resumed_state = state
             self.start_step = state["step"] + 1
+            self._last_step = state["step"]
             self.run.truncate_events(state["step"])
             log.info("resumed from %s at step %d", checkpoint, self.start_step)
         self._wandb = _open_wandb(self.recipe, self.run)
@@ -97,18 +107,21 @@ class Session:
     def prompts(self, step: int) -> Batch:
         return self.data.batch(step)
 
-    def score_with_policies(self, batch: Batch) -> Batch:
-        """The stages every algorithm runs right after generation: the old policy's log-probs
-        (skipped when the rollout's are reused, `actor.recompute_old_log_probs: false`) and the
-        reference's (when the recipe has one), each timed as its own stage."""
-        if self.recipe.actor.recompute_old_log_probs:
-            with self.stage("old_log_prob"):
-                batch |= self.groups["actor"].compute_log_prob(batch)
+    def old_log_probs(self, batch: Batch) -> Batch:
+        """Stage `old_log_prob`: the policy's log-probs of its rollout, scored by the training
+        engine; skipped (the sampler's are kept) with `actor.recompute_old_log_probs: false`."""
+        if not self.recipe.actor.recompute_old_log_probs:
+            return batch
+        with self.stage("old_log_prob"):
+            return batch | self.groups["actor"].compute_log_prob(batch)
+
+    def reference_log_probs(self, batch: Batch) -> Batch:
+        """Stage `reference`: the frozen reference's log-probs, when the recipe has a KL term."""
         reference = self.groups.get("reference")
-        if reference:
-            with self.stage("reference"):
-                batch |= reference.compute_ref_log_prob(batch)
-        return batch
+        if reference is None:
+            return batch
+        with self.stage("reference"):
+            return batch | reference.compute_ref_log_prob(batch)
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -138,7 +151,7 @@ class Session:
             self.timings.update(self.groups.worker_stage_seconds())
         event.update({f"timing/{k}": v for k, v in self.timings.items()})
         event["timing/step"] = elapsed
-        event["throughput/tokens_per_s"] = float(view["attention_mask"].sum()) / elapsed
+        event["throughput/tokens_per_s"] = float(view[col.ATTENTION_MASK].sum()) / elapsed
         if self._eval_due(step):
             event.update(self.evaluate(step))  # after timing/step: a step's time stays comparable
         self.run.append_event(event)
@@ -150,6 +163,7 @@ class Session:
         if step == total or (every and step % every == 0):
             self.save_checkpoint(step)
         self.run.write_status("running", step)
+        self._last_step = step
         self.progress.update(step, event)
         log.info("step %d %s", step, json.dumps(event))
         return event
@@ -186,15 +200,28 @@ class Session:
         with self.stage("export"):
             self.groups["actor"].export_weights(str(self.run.path / "final"))
         self.run.write_status("finished", self.recipe.trainer.total_steps)
+        self._closed = True
         self.progress.close(self.run.events())
         if self._wandb:
             self._wandb.finish("finished")
 
     def fail(self, step: int, error: str) -> None:
+        """Mark the run failed at `step` (the last one completed) with a one-line `error`."""
+        self._closed = True
         self.run.write_status("failed", step, error)
         self.progress.close(None)
         if self._wandb:
             self._wandb.finish("failed")
+
+
+def failure_message(err: BaseException) -> str:
+    """The one line status.json keeps for an error: a user's or a worker's as it is written,
+    Ctrl-C as `interrupted`, anything else with its type."""
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(err, (UserError, WorkerError)):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
 
 
 def _check_divisible(recipe: Recipe, groups: WorkerGroups) -> None:
@@ -217,8 +244,8 @@ def _check_divisible(recipe: Recipe, groups: WorkerGroups) -> None:
 
 
 def rollout_metrics(batch: Batch, recipe: Recipe) -> dict[str, float]:
-    scores = batch["scores"].float()
-    mask = batch["response_mask"].float()
+    scores = batch[col.SCORES].float()
+    mask = batch[col.RESPONSE_MASK].float()
     lengths = mask.sum(-1)
     metrics = {
         "reward/mean": float(scores.mean()),
@@ -227,13 +254,13 @@ def rollout_metrics(batch: Batch, recipe: Recipe) -> dict[str, float]:
         "reward/max": float(scores.max()),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
-        "entropy/mean": float(masked_mean(batch["entropy"], mask)),
+        "entropy/mean": float(masked_mean(batch[col.ENTROPY], mask)),
     }
-    if "ref_log_probs" in batch:
-        kl = kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], recipe.kl.estimator)
+    if col.REF_LOG_PROBS in batch:
+        kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], recipe.kl.estimator)
         metrics["kl/mean"] = float(masked_mean(kl, mask))
-    if "costs" in batch:
-        costs = batch["costs"].float()
+    if col.COSTS in batch:
+        costs = batch[col.COSTS].float()
         metrics.update({"cost/mean": float(costs.mean()), "cost/max": float(costs.max()),
                         "cost/std": float(costs.std()) if len(costs) > 1 else 0.0})
     return metrics
@@ -243,13 +270,13 @@ def samples(batch: Batch, step: int, count: int) -> list[dict[str, Any]]:
     rows = range(0, len(batch), max(1, len(batch) // max(1, count)))
     out = []
     for row in list(rows)[:count]:
-        prompt = batch["prompt"][row]
+        prompt = batch[col.PROMPT][row]
         out.append({
             "step": step,
             "prompt": prompt if isinstance(prompt, str) else json.dumps(prompt),
-            "response": batch["response_text"][row],
-            "reward": float(batch["scores"][row]),
-            **({"cost": float(batch["costs"][row])} if "costs" in batch else {}),
+            "response": batch[col.RESPONSE_TEXT][row],
+            "reward": float(batch[col.SCORES][row]),
+            **({"cost": float(batch[col.COSTS][row])} if col.COSTS in batch else {}),
         })
     return out
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.errors import UserError
 from hflow.trainer.data import tasks
@@ -31,7 +32,7 @@ def read_rows(cfg: DataConfig, seed: int) -> list[dict]:
         raise UserError(f"data.train '{spec}': no column {cfg.prompt_key!r} (data.prompt_key); "
                         f"columns: {', '.join(rows[0])}")
     for row in rows:
-        row["prompt"] = row.pop(cfg.prompt_key)
+        row[col.PROMPT] = row.pop(cfg.prompt_key)
     return rows
 
 
@@ -65,7 +66,7 @@ def read_eval_rows(cfg: DataConfig, reward_function: str | None, seed: int) -> l
                             f"(needed by data.prompt_key and reward.function {reward_function!r}); "
                             f"columns: {', '.join(row)}")
     for row in rows:
-        row["prompt"] = row.pop(cfg.prompt_key)
+        row[col.PROMPT] = row.pop(cfg.prompt_key)
     return rows
 
 
@@ -103,10 +104,10 @@ def encode_prompt(tokenizer, prompt, max_length: int) -> list[int]:
     """Token ids of a text prompt or of chat messages (through the chat template), cut from the left."""
     if isinstance(prompt, list):
         ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
+        if isinstance(ids, dict) or hasattr(ids, col.INPUT_IDS):
+            ids = ids[col.INPUT_IDS]
     else:
-        ids = tokenizer(str(prompt), add_special_tokens=False)["input_ids"]
+        ids = tokenizer(str(prompt), add_special_tokens=False)[col.INPUT_IDS]
     return list(ids)[-max_length:]
 
 
@@ -117,8 +118,8 @@ class PromptData:
         self.per_step = prompts_per_step
         self.rows = read_rows(cfg, seed)
         for row in self.rows:
-            row["prompt_ids"] = encode_prompt(tokenizer, row["prompt"], cfg.max_prompt_length)
-        self.rows = [row for row in self.rows if row["prompt_ids"]]
+            row[col.PROMPT_IDS] = encode_prompt(tokenizer, row[col.PROMPT], cfg.max_prompt_length)
+        self.rows = [row for row in self.rows if row[col.PROMPT_IDS]]
         if not self.rows:
             raise UserError(f"data.train '{cfg.train}': every prompt is empty after tokenization")
         self.columns = list(self.rows[0])
@@ -144,5 +145,5 @@ class PromptData:
             epoch, offset = divmod(position, len(self.rows))
             picked.append((position, self._order(epoch)[offset]))
         columns = {key: [self.rows[i].get(key) for _, i in picked] for key in self.columns}
-        columns["uid"] = [position for position, _ in picked]
+        columns[col.UID] = [position for position, _ in picked]
         return Batch(columns=columns, meta={"step": step})

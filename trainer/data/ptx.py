@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
@@ -33,7 +34,7 @@ class PtxData:
 
         tokenizer = load_tokenizer(recipe.model.path, recipe.model.trust_remote_code)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        rows = [(tokenizer(text)["input_ids"] + eos)[:p.ptx_max_length] for text in read_texts(p.ptx_data)]
+        rows = [(tokenizer(text)[col.INPUT_IDS] + eos)[:p.ptx_max_length] for text in read_texts(p.ptx_data)]
         rows = [r for r in rows if len(r) > 1]
         if not rows:
             raise UserError(f"ppo.ptx_data '{p.ptx_data}': no text longer than one token")
@@ -54,7 +55,7 @@ class PtxData:
         for i, row in enumerate(picked):
             ids[i, :len(row)] = torch.tensor(row)
             mask[i, :len(row)] = 1
-        return Batch({"ptx_input_ids": ids, "ptx_attention_mask": mask})
+        return Batch({col.PTX_INPUT_IDS: ids, col.PTX_ATTENTION_MASK: mask})
 
 
 def read_texts(spec: str) -> list[str]:

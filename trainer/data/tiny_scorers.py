@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hflow.engine import columns as col
 from hflow.engine.rollout.assembly import positions
 from hflow.engine.models.loading import TINY_CHARS, build_tiny_score_model
 from hflow.errors import UserError
@@ -46,7 +47,7 @@ def random_response(rng: random.Random) -> str:
 
 
 def _encode(tokenizer, prompts: list[str], responses: list[str], eos: list[bool]) -> dict[str, torch.Tensor]:
-    rows = [tokenizer(p + r, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if e else [])
+    rows = [tokenizer(p + r, add_special_tokens=False)[col.INPUT_IDS] + ([tokenizer.eos_token_id] if e else [])
             for p, r, e in zip(prompts, responses, eos)]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -54,13 +55,13 @@ def _encode(tokenizer, prompts: list[str], responses: list[str], eos: list[bool]
     for i, row in enumerate(rows):
         ids[i, :len(row)] = torch.tensor(row)
         mask[i, :len(row)] = 1
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask)}
+    return {col.INPUT_IDS: ids, col.ATTENTION_MASK: mask, col.POSITION_IDS: positions(mask)}
 
 
 def _scores(scorer, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     from hflow.engine.models.score_model import last_token_scores
 
-    return last_token_scores(scorer(**inputs), inputs["attention_mask"])
+    return last_token_scores(scorer(**inputs), inputs[col.ATTENTION_MASK])
 
 
 def _examples(task: str, kind: str, count: int, rng: random.Random):
@@ -70,7 +71,7 @@ def _examples(task: str, kind: str, count: int, rng: random.Random):
     for row in rows:
         response = random_response(rng)
         target = tasks.high_digit_share(response) if kind == "cost" else tasks.score(task, response, row["answer"])
-        out.append((row["prompt"], response, rng.random() < 0.5, target))
+        out.append((row[col.PROMPT], response, rng.random() < 0.5, target))
     return out
 
 

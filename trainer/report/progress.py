@@ -56,6 +56,8 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+        if events is None:  # a failed run: no summary
+            return
         evals = [e for e in events if "eval/accuracy" in e]
         events = [e for e in events if e["step"] > 0]  # step 0 is the baseline evaluation alone
         if not events:
