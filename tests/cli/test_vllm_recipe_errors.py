@@ -86,12 +86,12 @@ def test_tensor_parallel_size_must_divide_the_actor_ranks(tiny_model):
 
 
 def test_expandable_segments_conflict_with_sleep_mode(tiny_model, monkeypatch):
-    import hflow.engine.rollout.vllm_engine as vllm_engine
+    import hflow.engine.rollout.vllm_setup as vllm_setup
     from hflow.trainer.config.load import check_runtime
 
     recipe = build_recipe({"model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits"},
                            "rollout": {"engine": "vllm"}}, {}, "r.yaml")
-    monkeypatch.setattr(vllm_engine, "unavailable_reason", lambda device: None)  # as on a GPU machine with vLLM
+    monkeypatch.setattr(vllm_setup, "unavailable_reason", lambda device: None)  # as on a GPU machine with vLLM
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     with pytest.raises(UserError, match=r"r.yaml: rollout.engine is 'vllm' but PYTORCH_CUDA_ALLOC_CONF"):
         check_runtime(recipe, "r.yaml")

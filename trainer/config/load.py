@@ -125,7 +125,7 @@ def check_runtime(recipe: Recipe, origin: str) -> None:
     if recipe.rollout.engine != "vllm":
         return
     from hflow.engine.groups.dist import pick_device
-    from hflow.engine.rollout.vllm_engine import unavailable_reason, unsupported_model
+    from hflow.engine.rollout.vllm_setup import unavailable_reason, unsupported_model
 
     device = pick_device(recipe.trainer.device)
     problem = unavailable_reason(device)

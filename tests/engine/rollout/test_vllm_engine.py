@@ -289,7 +289,7 @@ def test_vllm_tensor_parallel_over_two_ray_slots_decodes_like_the_hf_engine(real
 def test_weight_drift_reads_fused_and_padded_layouts():
     """expected_weights fuses q/k/v and gate/up as vLLM does; weight_drift compares only the real
     vocabulary rows, and a missing or differently shaped weight is infinitely far."""
-    from hflow.engine.rollout.vllm_engine import expected_weights, weight_drift
+    from hflow.engine.rollout.vllm_weights import expected_weights, weight_drift
 
     g = torch.Generator().manual_seed(0)
     hf = {n: torch.randn(4, 3, generator=g) for n in ("l.q_proj.weight", "l.k_proj.weight", "l.v_proj.weight")}
