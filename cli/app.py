@@ -6,6 +6,11 @@ import sys
 
 import typer
 
+from hflow.cli import eval as eval_command
+from hflow.cli import import_gguf, init_model, recipes, runs, train, validate
+from hflow.cli.bench import bench
+from hflow.cli.map import map as map_command
+from hflow.cli.monitor import monitor
 from hflow.errors import UserError
 
 app = typer.Typer(
@@ -18,10 +23,6 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from hflow.cli import eval as eval_command
-    from hflow.cli import import_gguf, init_model, recipes, runs, train, validate
-    from hflow.cli.monitor import monitor
-
     app.command()(train.train)
     app.command()(validate.validate)
     app.command("init-model")(init_model.init_model)
@@ -30,8 +31,6 @@ def _register() -> None:
     app.add_typer(recipes.app, name="recipes")
     app.command()(monitor)
     app.command()(runs.runs)
-    from hflow.cli.bench import bench
-    from hflow.cli.map import map as map_command
 
     app.command()(bench)
     app.command("map")(map_command)

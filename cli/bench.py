@@ -8,7 +8,10 @@ from typing import Annotated
 
 import typer
 
+from hflow.cli.quiet import quiet_libraries
+from hflow.engine.models.loading import build_tiny_model
 from hflow.trainer.config.load import check_runtime, load_recipe
+from hflow.trainer.control import bench as measure
 
 
 class What(str, Enum):
@@ -28,16 +31,12 @@ def bench(
     """Measure RECIPE: rollout tokens/s, full RL step tokens/s (prompt + response tokens of the
     global batch / step time, the HybridFlow paper's metric), or the actor's phase switch time
     and each rank's memory across it."""
-    from hflow.cli.quiet import quiet_libraries
-    from hflow.trainer.control import bench as measure
-
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
     check_runtime(loaded, str(path))
     if loaded.model.init:
         from pathlib import Path
 
-        from hflow.engine.models.loading import build_tiny_model
 
         if not Path(loaded.model.path).exists():
             build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)

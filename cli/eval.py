@@ -8,8 +8,10 @@ from typing import Annotated
 
 import typer
 
+from hflow.cli.quiet import quiet_libraries
 from hflow.errors import UserError
 from hflow.trainer.config.load import check_runtime, load_recipe
+from hflow.trainer.control.evaluate import evaluate_model
 
 
 def eval_(
@@ -21,9 +23,6 @@ def eval_(
     """Evaluate DIR on the recipe's `data.eval` with its `eval` sampling, reward and engine; print
     eval/reward, eval/accuracy (share of responses with reward >= 1), eval/pass@n (eval.n > 1) and
     eval/response_length, one per line."""
-    from hflow.cli.quiet import quiet_libraries
-    from hflow.trainer.control.evaluate import evaluate_model
-
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
     if not loaded.data.eval:

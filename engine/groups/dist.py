@@ -12,13 +12,13 @@ import socket
 
 import torch
 
+from hflow.errors import UserError
+
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from hflow.errors import UserError
-
         raise UserError("trainer.device is 'cuda' but no CUDA GPU is visible; use 'auto' or 'cpu'")
     return torch.device(name)
 

@@ -24,6 +24,7 @@ import torch
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
+from hflow.engine.groups.dist import free_port
 from hflow.engine.groups.worker import ResourcePool, WorkerError, WorkerGroup
 
 
@@ -84,8 +85,6 @@ class FusedWorker:
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port, for the pool's torch.distributed rendezvous."""
-        from hflow.engine.groups.dist import free_port
-
         return _ray().util.get_node_ip_address(), free_port()
 
     def read(self, refs: list, keys: list[str]) -> Batch:

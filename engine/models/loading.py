@@ -9,7 +9,6 @@ the local cache or the hub can serve), with `trust_remote_code` off unless asked
 from __future__ import annotations
 
 import functools
-
 import string
 from pathlib import Path
 

@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from hflow.engine.rollout.fast_decode import FastDecoder, supports
 from hflow.engine.rollout.assembly import assemble_rollout, positions
+from hflow.engine.rollout.fast_decode import FastDecoder, supports
 
 
 @dataclass

@@ -94,6 +94,7 @@ from hflow.engine.rollout.vllm_weights import (
     weight_drift,
 )
 
+
 class VLLMGenerator:
     """`generate(prompts, n, params, generator) -> dict` like `HFGenerator`, on a `vllm.LLM` that
     `PhaseSwitch` fills with fresh weights (`load_weights`) and, on a GPU, puts to sleep

@@ -42,7 +42,6 @@ from typing import Iterator
 import torch
 
 
-
 @dataclass
 class SyncStats:
     buckets: int = 0

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
+from hflow.engine.rollout.assembly import positions
 
 
 @functools.cache
@@ -90,8 +91,6 @@ def _shared_prompt_logits(forward: Callable, batch: Batch, groups: torch.Tensor)
     back into the prompt pass), and the responses run on top of it. The last prompt position's
     logits predict every row's first response token.
     """
-    from hflow.engine.rollout.assembly import positions
-
     mask = batch[col.ATTENTION_MASK]
     width_r = batch[col.RESPONSES].shape[1]
     width_p = mask.shape[1] - width_r
@@ -148,8 +147,6 @@ def ptx_loss(forward: Callable, batch: Batch, rows: int) -> torch.Tensor:
     """Pretraining (PTX) loss: next-token NLL of `ptx_input_ids` under `ptx_attention_mask` (B, L),
     right-padded. Each row's token-mean NLL, summed over the rows and divided by `rows` (the
     mini-batch's rows on this rank), so that micro-batch shares add up to the mini-batch mean."""
-    from hflow.engine.rollout.assembly import positions
-
     ids, mask = batch[col.PTX_INPUT_IDS], batch[col.PTX_ATTENTION_MASK]
     out = forward(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
     log_probs = F.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)

@@ -17,6 +17,7 @@ import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
+from hflow.engine.training.logprobs import prompt_groups
 
 SEQUENCE_KEYS = (col.INPUT_IDS, col.ATTENTION_MASK, col.POSITION_IDS)
 
@@ -131,8 +132,6 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
     scored by `logprobs.response_log_probs`, no activation checkpointing), the n samples of a
     prompt stay together so that their prompt runs once. Every rank of a data-parallel group
     gets the same number of micro-batches, since ZeRO reduces gradients collectively."""
-    from hflow.engine.training.logprobs import prompt_groups
-
     lengths = mini[col.ATTENTION_MASK].sum(-1)
     budget = micro_batch_tokens or micro_batch_size * int(lengths.max())
     cut = functools.partial(token_budget_groups, lengths, budget)

@@ -23,14 +23,15 @@ from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group, peak_memory_bytes
+from hflow.engine.groups.worker import Worker
+from hflow.engine.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
 from hflow.engine.rollout.hybrid import PhaseSwitch
-from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
-from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
-from hflow.engine.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
-from hflow.engine.groups.worker import Worker
+from hflow.engine.rollout.vllm_engine import VLLMGenerator
 from hflow.engine.seeding import stream_seed
+from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
 from hflow.engine.training.losses import kl_estimate, masked_mean, ppo_policy_loss
+from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.workers.config import ActorSpec
 
@@ -88,8 +89,6 @@ class ActorWorker(Worker):
         )
 
     def _create_vllm(self, dtype: torch.dtype, eos: list[int], pad_token_id: int, config):
-        from hflow.engine.rollout.vllm_engine import VLLMGenerator
-
         s, r = self.spec, self.spec.rollout
         return VLLMGenerator.create(
             s.model.path, dtype=dtype, eos_token_ids=eos, pad_token_id=pad_token_id,

@@ -17,13 +17,13 @@ import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group
+from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import resolve_dtype
 from hflow.engine.models.score_model import load_score_model
-from hflow.engine.groups.worker import Worker
 from hflow.engine.training.losses import value_loss
+from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.workers.config import CriticSpec
 

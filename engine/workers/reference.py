@@ -7,9 +7,9 @@ import torch
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
-from hflow.engine.training.logprobs import batched_log_probs
-from hflow.engine.models.loading import load_causal_lm, resolve_dtype
 from hflow.engine.groups.worker import Worker
+from hflow.engine.models.loading import load_causal_lm, resolve_dtype
+from hflow.engine.training.logprobs import batched_log_probs
 from hflow.engine.workers.config import ReferenceSpec
 
 

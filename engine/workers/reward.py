@@ -16,10 +16,10 @@ import torch
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
-from hflow.engine.rollout.assembly import positions
+from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import load_tokenizer, resolve_dtype
 from hflow.engine.models.score_model import last_token_scores, load_score_model
-from hflow.engine.groups.worker import Worker
+from hflow.engine.rollout.assembly import positions
 from hflow.engine.workers.config import ScorerSpec
 from hflow.errors import UserError
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer import advantages
-from hflow.trainer.losses import kl_estimate
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.rundir.writer import RunDir
 from hflow.trainer.control.session import Session
+from hflow.trainer.losses import kl_estimate
+from hflow.trainer.rundir.writer import RunDir
 
 
 def train(recipe: Recipe, run: RunDir) -> None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer import advantages
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.session import Session
+from hflow.trainer.data.ptx import PtxData
 from hflow.trainer.kl_control import kl_controller
 from hflow.trainer.losses import explained_variance, kl_estimate, masked_mean
-from hflow.trainer.data.ptx import PtxData
-from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.rundir.writer import RunDir
-from hflow.trainer.control.session import Session
 
 
 def train(recipe: Recipe, run: RunDir) -> None:

@@ -19,12 +19,12 @@ from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer import advantages
 from hflow.trainer.algorithms import ppo
-from hflow.trainer.kl_control import kl_controller
-from hflow.trainer.safe_rlhf import Lagrangian, combine_advantages
-from hflow.trainer.data.ptx import PtxData
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.rundir.writer import RunDir
 from hflow.trainer.control.session import Session
+from hflow.trainer.data.ptx import PtxData
+from hflow.trainer.kl_control import kl_controller
+from hflow.trainer.rundir.writer import RunDir
+from hflow.trainer.safe_rlhf import Lagrangian, combine_advantages
 
 
 def train(recipe: Recipe, run: RunDir) -> None:

@@ -13,13 +13,14 @@ import time
 import torch
 
 from hflow.engine import columns as col
+from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import pick_device
-from hflow.engine.models.loading import load_tokenizer
 from hflow.engine.groups.worker import resolve
+from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.algorithms.registry import trainer_for
-from hflow.trainer.data.prompts import PromptData
-from hflow.trainer.control.placement import build_worker_groups
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.rundir.writer import RunDir
 
 
@@ -116,7 +117,6 @@ def bench_switch(recipe: Recipe, repeats: int) -> dict:
         actor = groups["actor"]
         batch = resolve(actor.generate_sequences(data.batch(1)))
         batch = batch | resolve(actor.compute_log_prob(batch))
-        from hflow.engine.groups.batch import Batch
 
         batch = batch | Batch({col.ADVANTAGES: torch.zeros(len(batch))})
         resolve(actor.update_actor(batch))

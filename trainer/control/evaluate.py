@@ -20,8 +20,11 @@ import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.trainer.data.prompts import encode_prompt, read_eval_rows
+from hflow.engine.groups.dist import pick_device
+from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.data.prompts import encode_prompt, read_eval_rows
 
 CORRECT = 1.0  # a response counts as right when its reward reaches this
 
@@ -77,10 +80,6 @@ class Evaluator:
 def evaluate_model(recipe: Recipe, checkpoint: str | None, step: int) -> dict[str, float]:
     """eval/* of `recipe.model.path`, or of a run's checkpoint directory `checkpoint` (its actor's
     weights) on the recipe's workers; `step` picks the eval seed stream (as training's eval at it)."""
-    from hflow.engine.groups.dist import pick_device
-    from hflow.engine.models.loading import load_tokenizer
-    from hflow.trainer.control.placement import build_worker_groups
-
     evaluator = Evaluator(recipe, load_tokenizer(recipe.model.path, recipe.model.trust_remote_code))
     groups = build_worker_groups(recipe, ["actor", "reward"], pick_device(recipe.trainer.device))
     try:

@@ -15,18 +15,19 @@ from typing import Iterator, NamedTuple
 
 import torch
 
+from hflow.engine.groups.ray_backend import RayCluster
 from hflow.engine.groups.worker import LocalWorkerGroup, ResourcePool, WorkerGroup
+from hflow.engine.workers.actor import ActorWorker
+from hflow.engine.workers.critic import CostCriticWorker, CriticWorker
+from hflow.engine.workers.reference import ReferenceWorker
+from hflow.engine.workers.reward import CostWorker, RewardWorker
 from hflow.errors import UserError
+from hflow.mapper import plan_placement
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.worker_specs import worker_spec
 
 
 def worker_class(role: str) -> type:
-    from hflow.engine.workers.actor import ActorWorker
-    from hflow.engine.workers.critic import CostCriticWorker, CriticWorker
-    from hflow.engine.workers.reference import ReferenceWorker
-    from hflow.engine.workers.reward import CostWorker, RewardWorker
-
     return {"actor": ActorWorker, "reference": ReferenceWorker, "reward": RewardWorker, "cost": CostWorker,
             "critic": CriticWorker, "cost_critic": CostCriticWorker}[role]
 
@@ -131,8 +132,6 @@ def _auto(recipe: Recipe, roles: list[str], devices: int, device_kind: str) -> L
     """Ask the auto-mapper. Its plans for this engine use ZeRO data parallelism only (the hf
     generator and DeepSpeed have no tensor or pipeline parallelism); roles without a model
     (a reward function) join the actor's pool."""
-    from hflow.mapper import plan_placement
-
     plan = plan_placement(recipe, gpus=devices, gpu="cpu" if device_kind == "cpu" else None, parallel="zero")
     sizes = {p["name"]: p["devices"] for p in plan["pools"]}
     actor_pool = plan["roles"]["actor"]["pool"]
@@ -176,8 +175,6 @@ def build_worker_groups(recipe: Recipe, roles: list[str], device: torch.device,
 
 
 def _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan) -> WorkerGroups:
-    from hflow.engine.groups.ray_backend import RayCluster
-
     offset = 0
     pools = []
     for name, size in sizes.items():

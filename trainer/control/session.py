@@ -13,19 +13,19 @@ import logging
 import time
 from typing import Any, Iterator
 
-
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.groups.worker import WorkerError, resolve
-from hflow.errors import UserError
 from hflow.engine.models.loading import load_tokenizer
-from hflow.trainer.data.prompts import PromptData
-from hflow.trainer.control.evaluate import Evaluator
-from hflow.trainer.losses import kl_estimate, masked_mean
-from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
-from hflow.trainer.report.progress import Progress
+from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.evaluate import Evaluator
+from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
+from hflow.trainer.data.prompts import PromptData
+from hflow.trainer.losses import kl_estimate, masked_mean
+from hflow.trainer.report.progress import Progress
+from hflow.trainer.report.wandb_log import WandbLogger
 from hflow.trainer.rundir.writer import RunDir
 
 log = logging.getLogger("hflow.session")
@@ -283,9 +283,5 @@ def samples(batch: Batch, step: int, count: int) -> list[dict[str, Any]]:
 
 def _open_wandb(recipe: Recipe, run: RunDir):
     if not recipe.logging.wandb.enabled:
-        return None
-    try:
-        from hflow.trainer.report.wandb_log import WandbLogger
-    except ImportError:  # pragma: no cover - the module ships with hflow
         return None
     return WandbLogger(recipe.logging.wandb.model_dump(), run.path, recipe.model_dump(mode="json"))

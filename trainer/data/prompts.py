@@ -14,10 +14,10 @@ import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.errors import UserError
-from hflow.trainer.data import tasks
-from hflow.trainer.config.recipe import DataConfig
 from hflow.engine.seeding import stream_seed
+from hflow.errors import UserError
+from hflow.trainer.config.recipe import DataConfig
+from hflow.trainer.data import tasks
 
 
 def read_rows(cfg: DataConfig, seed: int) -> list[dict]:

@@ -8,14 +8,15 @@ same ones, and the controller unions them into the actor's update batch:
 
 from __future__ import annotations
 
-
 import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
+from hflow.engine.models.loading import load_tokenizer
+from hflow.engine.seeding import stream_seed
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
-from hflow.engine.seeding import stream_seed
+from hflow.trainer.data.prompts import read_table
 
 
 class PtxData:
@@ -30,7 +31,6 @@ class PtxData:
         p = recipe.ppo
         if p.ptx_coef <= 0 or not p.ptx_data:
             return cls([], 0, recipe.seed)
-        from hflow.engine.models.loading import load_tokenizer
 
         tokenizer = load_tokenizer(recipe.model.path, recipe.model.trust_remote_code)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -59,8 +59,6 @@ class PtxData:
 
 
 def read_texts(spec: str) -> list[str]:
-    from hflow.trainer.data.prompts import read_table
-
     rows = read_table(spec, "ppo.ptx_data", "a text column")
     if not rows or "text" not in rows[0]:
         columns = ", ".join(rows[0]) if rows else "none"

@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from hflow.engine import columns as col
-from hflow.engine.rollout.assembly import positions
 from hflow.engine.models.loading import TINY_CHARS, build_tiny_score_model
+from hflow.engine.models.score_model import ScoreModel, last_token_scores
+from hflow.engine.rollout.assembly import positions
 from hflow.errors import UserError
 from hflow.trainer.data import tasks
 
@@ -59,8 +60,6 @@ def _encode(tokenizer, prompts: list[str], responses: list[str], eos: list[bool]
 
 
 def _scores(scorer, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    from hflow.engine.models.score_model import last_token_scores
-
     return last_token_scores(scorer(**inputs), inputs[col.ATTENTION_MASK])
 
 
@@ -93,8 +92,6 @@ def _loss(scorer, tokenizer, kind: str, batch) -> tuple[torch.Tensor, torch.Tens
 def train_tiny_scorer(out_dir: str | Path, kind: str, task: str = "digits", seed: int = 0,
                       steps: int = 100, batch_size: int = 64) -> dict:
     """Train and save a tiny reward (`kind="reward"`) or cost (`"cost"`) model; returns its card."""
-    from hflow.engine.models.score_model import ScoreModel
-
     if kind not in ("reward", "cost"):
         raise UserError(f"tiny scorer kind {kind!r}; accepted: reward, cost")
     text_tasks = [t for t in tasks.TASKS if t not in tasks.SPLIT_TASKS]  # chat tasks are for real models
