@@ -1,5 +1,6 @@
 """The hybrid engine's switch: no second copy of the weights appears on the way to rollout."""
 
+import gc
 import resource
 
 import pytest
