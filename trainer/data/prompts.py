@@ -15,7 +15,7 @@ import torch
 from hflow.engine.groups.batch import Batch
 from hflow.errors import UserError
 from hflow.trainer.data import tasks
-from hflow.trainer.config.recipe import DataConfig
+from hflow.trainer.config.sections import DataConfig
 from hflow.engine.seeding import stream_seed
 
 
