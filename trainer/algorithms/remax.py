@@ -19,7 +19,7 @@ from hflow.trainer.control.session import Session
 
 
 def train(recipe: Recipe, run: RunDir) -> None:
-    roles = ["actor", "reward"] + (["reference"] if recipe.uses_reference else [])
+    roles = recipe.algorithm_spec.roles_for(recipe.uses_reference)
     with Session(recipe, run, roles) as session:
         session.init_workers()
         actor, reward = session.groups["actor"], session.groups["reward"]

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hflow.engine.workers.config import KLSettings
+from hflow.trainer.algorithms.roles import ALGORITHMS, Algorithm
 from hflow.trainer.config.algorithm_sections import (  # noqa: F401  (re-exported: recipe.py was their home)
     ClipSection, GRPOConfig, KLEstimator, KLSection, PPOConfig, ReMaxConfig, SafeRLHFConfig,
 )
@@ -65,8 +66,7 @@ class Recipe(BaseSettings):
     @model_validator(mode="after")
     def _check_batch_sizes(self) -> "Recipe":
         sequences = self.trainer.prompts_per_step * self.rollout.n
-        trained = ["actor"] + (["critic"] if self.algorithm in ("ppo", "safe_rlhf") else [])
-        for section in trained:
+        for section in self.algorithm_spec.trained:
             cfg = getattr(self, section)
             mini = cfg.mini_batch_size or sequences
             if sequences % mini:
@@ -79,7 +79,7 @@ class Recipe(BaseSettings):
 
     @model_validator(mode="after")
     def _check_algorithm_inputs(self) -> "Recipe":
-        if self.algorithm == "safe_rlhf" and not (self.cost.model or self.cost.function):
+        if "cost" in self.algorithm_spec.roles and not (self.cost.model or self.cost.function):
             raise ValueError(f"algorithm {self.algorithm} needs a cost: set cost.model (a cost model directory) "
                              "or cost.function (e.g. synthetic_cost)")
         if self.trainer.eval_every and not self.data.eval:
@@ -106,18 +106,21 @@ class Recipe(BaseSettings):
 
     def role_models(self) -> dict[str, str]:
         """Each role that runs a model, with the model it loads (path, hub id or catalog name)."""
-        roles = {"actor": self.model.path}
-        if self.uses_reference:
-            roles["reference"] = self.reference.path or self.model.path
-        if self.algorithm in ("ppo", "safe_rlhf"):
-            roles["critic"] = self.critic_source
-        if self.reward.model:
-            roles["reward"] = self.reward.model
-        if self.algorithm == "safe_rlhf":
-            roles["cost_critic"] = self.cost_critic_source
-            if self.cost.model:
-                roles["cost"] = self.cost.model
-        return roles
+        sources = {
+            "actor": self.model.path,
+            "reference": self.reference.path or self.model.path,
+            "critic": self.critic_source,
+            "reward": self.reward.model,  # None: a reward function, no model
+            "cost_critic": self.cost_critic_source,
+            "cost": self.cost.model,
+        }
+        roles = self.algorithm_spec.roles_for(self.uses_reference)
+        return {role: source for role, source in sources.items() if role in roles and source}
+
+    @property
+    def algorithm_spec(self) -> Algorithm:
+        """The algorithm's roles, trained sections and settings section (`algorithms/roles.py`)."""
+        return ALGORITHMS[self.algorithm]
 
     @property
     def critic_source(self) -> str:
@@ -133,15 +136,13 @@ class Recipe(BaseSettings):
     @property
     def kl(self) -> KLSettings:
         """The active algorithm's KL settings, from its own section (the one place they live)."""
-        if self.algorithm in ("ppo", "safe_rlhf"):
-            return KLSettings(self.ppo.kl_coef, self.ppo.kl_estimator, in_reward=True)
-        section = self.remax if self.algorithm == "remax" else self.grpo
+        section = getattr(self, self.algorithm_spec.settings)
         return KLSettings(section.kl_coef, section.kl_estimator, section.kl_in_reward)
 
     @property
     def clip(self) -> tuple[float, float]:
         """The active algorithm's PPO ratio clip (clip_low, clip_high)."""
-        section = {"ppo": self.ppo, "safe_rlhf": self.ppo, "remax": self.remax}.get(self.algorithm, self.grpo)
+        section = getattr(self, self.algorithm_spec.settings)
         return section.clip_low, section.clip_high
 
     @property
