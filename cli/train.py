@@ -13,6 +13,7 @@ from hflow.engine.groups.worker import WorkerError
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
+from hflow.trainer.rundir.layout import RECIPE
 
 # What --set may change on --resume: keys that do not alter the run's math.
 RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.",
@@ -40,7 +41,7 @@ def train(
     quiet_libraries()
     if resume is not None:
         loaded = _resume_recipe(resume, set_)
-        origin = str(resume / "recipe.yaml")
+        origin = str(resume / RECIPE)
     elif recipe is None:
         raise UserError("train: give a RECIPE (a file or a shipped name such as grpo/quickstart) or --resume RUN_DIR")
     else:
@@ -87,9 +88,9 @@ def _check_inputs(recipe: Recipe) -> None:
 
 
 def _resume_recipe(run_dir: Path, set_: list[str]) -> Recipe:
-    saved = run_dir / "recipe.yaml"
+    saved = run_dir / RECIPE
     if not saved.is_file():
-        raise UserError(f"--resume {run_dir}: not a run directory (no recipe.yaml)")
+        raise UserError(f"--resume {run_dir}: not a run directory (no {RECIPE})")
     for pair in set_:
         key = pair.partition("=")[0]
         if not key.startswith(RESUME_SETTABLE):
