@@ -12,6 +12,7 @@ from hflow.cli.quiet import quiet_libraries
 from hflow.errors import UserError
 from hflow.trainer.config.load import check_runtime, load_recipe
 from hflow.trainer.control.evaluate import evaluate_model
+from hflow.trainer.rundir.layout import TRAINER_STATE
 
 
 def eval_(
@@ -37,8 +38,8 @@ def eval_(
 
 def _source(directory: Path, recipe) -> tuple[str | None, int]:
     """(checkpoint for the actor or None, step) of DIR; a model directory becomes `model.path`."""
-    if (directory / "trainer_state.json").is_file() and (directory / "actor").is_dir():
-        return str(directory), int(json.loads((directory / "trainer_state.json").read_text())["step"])
+    if (directory / TRAINER_STATE).is_file() and (directory / "actor").is_dir():
+        return str(directory), int(json.loads((directory / TRAINER_STATE).read_text())["step"])
     if (directory / "config.json").is_file():
         recipe.model.path = str(directory)
         recipe.model.init = None

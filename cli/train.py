@@ -18,6 +18,7 @@ from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, 
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.session import failure_message
 from hflow.trainer.data.prompts import read_eval_rows, read_rows
+from hflow.trainer.rundir.layout import RECIPE
 from hflow.trainer.rundir.writer import RunDir
 
 # What --set may change on --resume: keys that do not alter the run's math.
@@ -41,7 +42,7 @@ def train(
     quiet_libraries()
     if resume is not None:
         loaded = _resume_recipe(resume, set_)
-        origin = str(resume / "recipe.yaml")
+        origin = str(resume / RECIPE)
     elif recipe is None:
         raise UserError("train: give a RECIPE (a file or a shipped name such as grpo/quickstart) or --resume RUN_DIR")
     else:
@@ -83,9 +84,9 @@ def _check_inputs(recipe: Recipe) -> None:
 
 
 def _resume_recipe(run_dir: Path, set_: list[str]) -> Recipe:
-    saved = run_dir / "recipe.yaml"
+    saved = run_dir / RECIPE
     if not saved.is_file():
-        raise UserError(f"--resume {run_dir}: not a run directory (no recipe.yaml)")
+        raise UserError(f"--resume {run_dir}: not a run directory (no {RECIPE})")
     for pair in set_:
         key = pair.partition("=")[0]
         if not key.startswith(RESUME_SETTABLE):

@@ -1,4 +1,4 @@
-"""Run directories in the format `hflow train` writes (see trainer/rundir/read.py), built without
+"""Run directories in the format `hflow train` writes (see trainer/rundir/layout.py), built without
 training: the fixtures `run_factory` and `event_line` (registered in tests/conftest.py)."""
 
 from __future__ import annotations

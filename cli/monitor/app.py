@@ -18,7 +18,7 @@ from textual.widgets import Footer, RichLog, Static, TabbedContent, TabPane
 
 from hflow.cli.monitor import panes
 from hflow.cli.monitor.charts import Chart
-from hflow.trainer.rundir.read import RunWatcher
+from hflow.trainer.rundir.watcher import RunWatcher
 
 HELP = """\
 [b]hflow monitor[/b] — keys

@@ -16,7 +16,7 @@ import numpy as np
 from rich.text import Text
 from textual.widget import Widget
 
-from hflow.trainer.rundir.read import MetricTable
+from hflow.trainer.rundir.metrics import MetricTable
 
 # Dot (dx, dy) of a braille cell -> bit of U+2800 + bits (Unicode braille patterns).
 _BRAILLE_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.int64)

@@ -14,7 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from hflow.cli.monitor.charts import ChartSpec, fmt_num
-from hflow.trainer.rundir.read import MetricTable, RunWatcher, iter_memory_keys
+from hflow.trainer.rundir.metrics import MetricTable, iter_memory_keys
+from hflow.trainer.rundir.watcher import RunWatcher
 
 STATUS_STYLE = {"running": "bold green", "finished": "bold blue", "failed": "bold red"}
 

@@ -18,7 +18,7 @@ from hflow.cli.monitor.charts import (
     series_of,
     to_braille,
 )
-from hflow.trainer.rundir.read import MetricTable
+from hflow.trainer.rundir.metrics import MetricTable
 
 
 def test_downsample_mean_min_max_ignore_nan():

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from hflow.cli.monitor import panes
-from hflow.trainer.rundir.read import MetricTable, RunWatcher
+from hflow.trainer.rundir.metrics import MetricTable
+from hflow.trainer.rundir.watcher import RunWatcher
 
 
 def table_of(events: list[dict]) -> MetricTable:

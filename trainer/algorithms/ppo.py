@@ -21,7 +21,7 @@ from hflow.trainer.rundir.writer import RunDir
 
 
 def train(recipe: Recipe, run: RunDir) -> None:
-    roles = ["actor", "critic", "reward"] + (["reference"] if recipe.uses_reference else [])
+    roles = recipe.algorithm_spec.roles_for(recipe.uses_reference)
     with Session(recipe, run, roles) as session:
         session.init_workers()
         actor, critic, reward = (session.groups[r] for r in ("actor", "critic", "reward"))

@@ -28,7 +28,7 @@ from hflow.trainer.safe_rlhf import Lagrangian, combine_advantages
 
 
 def train(recipe: Recipe, run: RunDir) -> None:
-    roles = ["actor", "critic", "cost_critic", "reward", "cost"] + (["reference"] if recipe.uses_reference else [])
+    roles = recipe.algorithm_spec.roles_for(recipe.uses_reference)
     with Session(recipe, run, roles) as session:
         session.init_workers()
         actor, critic, cost_critic, reward, cost = (session.groups[r] for r in roles[:5])

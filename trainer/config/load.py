@@ -124,6 +124,7 @@ def check_runtime(recipe: Recipe, origin: str) -> None:
     `hflow validate` and the start of `hflow train` call it; `origin` names the file in errors."""
     if recipe.rollout.engine != "vllm":
         return
+    # Imported here, not at the top: they bring torch, which `hflow validate` of an hf recipe never needs.
     from hflow.engine.groups.dist import pick_device
     from hflow.engine.rollout.vllm_setup import unavailable_reason, unsupported_model
 

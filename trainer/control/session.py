@@ -26,6 +26,7 @@ from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.losses import kl_estimate, masked_mean
 from hflow.trainer.report.progress import Progress
 from hflow.trainer.report.wandb_log import WandbLogger
+from hflow.trainer.rundir import layout
 from hflow.trainer.rundir.writer import RunDir
 
 log = logging.getLogger("hflow.session")
@@ -76,7 +77,7 @@ class Session:
         for role, group in self.groups.items():
             group.init_model(checkpoint=str(checkpoint / role) if checkpoint else None)
         if checkpoint:
-            state = json.loads((checkpoint / "trainer_state.json").read_text())
+            state = json.loads((checkpoint / layout.TRAINER_STATE).read_text())
             self._resumed_state = state
             self.start_step = state["step"] + 1
             self._last_step = state["step"]
@@ -198,7 +199,7 @@ class Session:
 
     def finish(self) -> None:
         with self.stage("export"):
-            self.groups["actor"].export_weights(str(self.run.path / "final"))
+            self.groups["actor"].export_weights(str(self.run.path / layout.FINAL))
         self.run.write_status("finished", self.recipe.trainer.total_steps)
         self._closed = True
         self.progress.close(self.run.events())

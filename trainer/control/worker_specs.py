@@ -18,7 +18,8 @@ from hflow.engine.workers.config import (
     RolloutSpec,
     ScorerSpec,
 )
-from hflow.trainer.config.recipe import OptimConfig, Recipe
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.config.sections import OptimConfig
 from hflow.trainer.data.rewards import load_reward_fn
 
 

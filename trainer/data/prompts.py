@@ -16,7 +16,7 @@ from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.seeding import stream_seed
 from hflow.errors import UserError
-from hflow.trainer.config.recipe import DataConfig
+from hflow.trainer.config.sections import DataConfig
 from hflow.trainer.data import tasks
 
 

@@ -15,8 +15,7 @@ import re
 from typing import Callable
 
 from hflow.errors import UserError
-from hflow.trainer.data import tasks
-from hflow.trainer.config.recipe import RewardConfig
+from hflow.trainer.data import reward_defaults, tasks
 
 RewardFn = Callable[..., list[float]]
 _final_answer = tasks.final_answer
@@ -65,14 +64,14 @@ def load_reward_fn(spec: str, key: str = "reward.function", cfg=None) -> RewardF
     recipe key in errors; `cfg` (the recipe's `reward` section) gives `format` its pattern and
     `length` its target."""
     if spec == "format":
-        pattern = cfg.format_pattern if cfg is not None else RewardConfig().format_pattern
+        pattern = cfg.format_pattern if cfg is not None else reward_defaults.FORMAT_PATTERN
         try:
             re.compile(pattern)
         except re.error as err:
             raise UserError(f"reward.format_pattern {pattern!r}: not a valid regular expression ({err})") from None
         return functools.partial(format_match, pattern=pattern)
     if spec == "length":
-        target = cfg.target_length if cfg is not None else RewardConfig().target_length
+        target = cfg.target_length if cfg is not None else reward_defaults.TARGET_LENGTH
         return functools.partial(length, target=target)
     if spec in BUILTINS:
         return BUILTINS[spec]

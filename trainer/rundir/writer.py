@@ -1,17 +1,4 @@
-"""The run directory: the one record of a training run.
-
-    OUTPUT_DIR/<run-name>/
-      recipe.yaml     the fully resolved recipe
-      status.json     running | finished | failed, step k of N (rewritten atomically)
-      events.jsonl    one JSON object per step (metrics, timings, throughput, memory)
-      samples.jsonl   a few sampled generations per step
-      plan.json       the placement: pools, the roles on each, their ranks
-      train.log       the log
-      checkpoints/step_000010/   complete checkpoints only (see `commit_checkpoint`)
-
-Nothing secret is written here: the recipe holds no tokens, and the environment is
-never copied.
-"""
+"""Writing the run directory (its layout: `layout.py`)."""
 
 from __future__ import annotations
 
@@ -25,10 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from hflow.errors import UserError
-from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.config.load import dump_recipe
-
-COMPLETE = "COMPLETE"  # written last into a checkpoint: its presence means the checkpoint is whole
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.rundir.layout import (
+    CHECKPOINTS,
+    COMPLETE,
+    EVENTS,
+    LOG,
+    PLAN,
+    RECIPE,
+    SAMPLES,
+    STATUS,
+    TRAINER_STATE,
+    checkpoint_name,
+)
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -41,7 +38,7 @@ class RunDir:
     def __init__(self, path: Path, recipe: Recipe):
         self.path = path
         self.recipe = recipe
-        self.checkpoints = path / "checkpoints"
+        self.checkpoints = path / CHECKPOINTS
         self.started = time.time()
         self.ray_address: str | None = None  # an existing Ray cluster to run the workers on
 
@@ -57,10 +54,10 @@ class RunDir:
             suffix += 1
             path = root / f"{recipe.name}-{stamp}-{suffix}"
         try:
-            (path / "checkpoints").mkdir(parents=True)
+            (path / CHECKPOINTS).mkdir(parents=True)
         except OSError as err:
             raise UserError(f"--output-dir {root}: cannot create the run directory ({err.strerror})") from None
-        (path / "recipe.yaml").write_text(dump_recipe(recipe))
+        (path / RECIPE).write_text(dump_recipe(recipe))
         run = cls(path, recipe)
         run._attach_log()
         return run
@@ -75,7 +72,7 @@ class RunDir:
         return run
 
     def _attach_log(self) -> None:
-        handler = logging.FileHandler(self.path / "train.log")
+        handler = logging.FileHandler(self.path / LOG)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root = logging.getLogger("hflow")
         root.setLevel(logging.INFO)
@@ -90,7 +87,7 @@ class RunDir:
 
     def read_status(self) -> dict[str, Any]:
         try:
-            return json.loads((self.path / "status.json").read_text())
+            return json.loads((self.path / STATUS).read_text())
         except (OSError, json.JSONDecodeError):
             return {}
 
@@ -108,22 +105,22 @@ class RunDir:
             "hostname": socket.gethostname(),
             "error": error,
         }
-        atomic_write(self.path / "status.json", json.dumps(record))
+        atomic_write(self.path / STATUS, json.dumps(record))
 
     def append_event(self, event: dict[str, Any]) -> None:
-        with open(self.path / "events.jsonl", "a") as f:
+        with open(self.path / EVENTS, "a") as f:
             f.write(json.dumps(event) + "\n")
 
     def append_samples(self, samples: list[dict[str, Any]]) -> None:
         if samples:
-            with open(self.path / "samples.jsonl", "a") as f:
+            with open(self.path / SAMPLES, "a") as f:
                 f.writelines(json.dumps(s) + "\n" for s in samples)
 
     def write_plan(self, plan: dict[str, Any]) -> None:
-        atomic_write(self.path / "plan.json", json.dumps(plan, indent=2))
+        atomic_write(self.path / PLAN, json.dumps(plan, indent=2))
 
     def events(self) -> list[dict[str, Any]]:
-        path = self.path / "events.jsonl"
+        path = self.path / EVENTS
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -131,8 +128,8 @@ class RunDir:
     def truncate_events(self, last_step: int) -> None:
         """Drop events after `last_step` (logged after the checkpoint a resume starts from)."""
         kept = [e for e in self.events() if e["step"] <= last_step]
-        atomic_write(self.path / "events.jsonl", "".join(json.dumps(e) + "\n" for e in kept))
-        samples = self.path / "samples.jsonl"
+        atomic_write(self.path / EVENTS, "".join(json.dumps(e) + "\n" for e in kept))
+        samples = self.path / SAMPLES
         if samples.exists():
             rows = [json.loads(x) for x in samples.read_text().splitlines() if x.strip()]
             atomic_write(samples, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= last_step))
@@ -141,16 +138,16 @@ class RunDir:
 
     def staging_checkpoint(self, step: int) -> Path:
         """A fresh directory to write step `step`'s checkpoint into before committing it."""
-        tmp = self.checkpoints / f".step_{step:06d}.tmp"
+        tmp = self.checkpoints / f".{checkpoint_name(step)}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         return tmp
 
     def commit_checkpoint(self, tmp: Path, step: int, state: dict[str, Any]) -> Path:
         """Mark complete, then rename into place: a crash leaves no checkpoint that looks whole."""
-        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        (tmp / TRAINER_STATE).write_text(json.dumps(state))
         (tmp / COMPLETE).write_text(str(step))
-        final = self.checkpoints / f"step_{step:06d}"
+        final = self.checkpoints / checkpoint_name(step)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.models.loading import load_causal_lm
 from hflow.engine.training.train_engine import TrainEngine, lr_lambda
-from hflow.trainer.config.recipe import ActorConfig
+from hflow.trainer.config.sections import ActorConfig
 from hflow.trainer.control.worker_specs import optim_spec
 
 

@@ -11,7 +11,7 @@ from hflow.errors import UserError
 from hflow.trainer.data import rewards, tasks
 from hflow.trainer.data.prompts import read_eval_rows
 from hflow.trainer.control.evaluate import eval_metrics
-from hflow.trainer.config.recipe import DataConfig
+from hflow.trainer.config.sections import DataConfig
 
 
 def test_metrics_by_hand_one_sample():

