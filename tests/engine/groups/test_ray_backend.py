@@ -14,7 +14,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.trainer.control.placement import build_worker_groups
 from hflow.trainer.config.load import build_recipe
 
-TESTS = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 

@@ -31,7 +31,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.rollout.generation import SamplingParams
 from hflow.engine.rollout.vllm_engine import VLLMGenerator
 
-TESTS = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parents[2]
 
 
 class FakeSamplingParams:
