@@ -36,7 +36,7 @@ def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int
         "placement": {"backend": "ray" if slots > 1 else "local"},
     }, {}, "vllm-check")
     groups = build_worker_groups(recipe, ["actor"], torch.device(device))
-    groups["actor"].init_model(total_updates=4)
+    groups["actor"].init_model()
     data = PromptData(recipe.data, load_tokenizer(model), 0, 8)
     return groups["actor"], data
 

@@ -1,70 +1,42 @@
 """The hybrid engine's switch: no second copy of the weights appears on the way to rollout."""
 
-import gc
-import resource
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from peak_memory import PeakResident
 
 from hflow.engine.groups.batch import Batch
 from hflow.engine.rollout.hybrid import resident_bytes
-from hflow.trainer.control.placement import build_worker_groups
 from hflow.trainer.config.load import build_recipe
+from hflow.trainer.control.placement import build_worker_groups
 
-
-def _status_kib(field: str) -> int:
-    """A `kB` field of /proc/self/status (VmHWM, VmRSS)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def _maxrss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-class PeakResident:
-    """The peak resident memory of this process while the block ran, from the kernel's own
-    high-water mark rather than from samples: a sampler that looks every millisecond misses a
-    copy that appears and is freed between two looks, but the kernel raises the mark (VmHWM,
-    the same counter getrusage's ru_maxrss reports) before it lets resident pages go, so no
-    peak in the block can be missed (short of the kernel reclaiming pages under memory pressure).
-
-    Writing 5 to /proc/self/clear_refs resets the mark to the current resident size (Linux >= 4.0,
-    proc(5)), so the mark afterwards is this block's peak. Where that write is refused the mark
-    is the lifetime peak: if it rose during the block it is the block's peak; if not, the block's
-    peak is only bounded by an earlier one, and `peak` is that bound with `exact` False."""
-
-    def __enter__(self):
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self.reset = True
-        except OSError:
-            self.reset = False
-        self._lifetime_before = _maxrss_bytes()
-        return self
-
-    def __exit__(self, *exc):
-        if self.reset:
-            self.peak, self.exact = _status_kib("VmHWM") * 1024, True
-        else:
-            self.peak = _maxrss_bytes()
-            self.exact = self.peak > self._lifetime_before
+TESTS = Path(__file__).resolve().parents[2]
 
 
 def test_peak_resident_sees_a_copy_freed_before_the_block_ends():
-    gc.collect()  # earlier tests' garbage, freed during the block, would lower the peak seen from `before`
-    before = resident_bytes()
-    with PeakResident() as peak:
-        copy = torch.ones(16 << 20)  # 64 MiB, every page written
-        del copy  # gone again long before anyone could look
-    if not peak.exact:
+    # In a fresh process: in this one, earlier tests leave freed pages that an allocation may reuse.
+    code = """
+import json, torch
+from hflow.engine.rollout.hybrid import resident_bytes
+from peak_memory import PeakResident
+before = resident_bytes()
+with PeakResident() as peak:
+    copy = torch.ones(16 << 20)  # 64 MiB, every page written
+    del copy  # gone again long before anyone could look
+print(json.dumps({"before": before, "peak": peak.peak, "exact": peak.exact, "after": resident_bytes()}))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    if not seen["exact"]:
         pytest.skip("/proc/self/clear_refs refused and an earlier peak hides this one's")
-    assert peak.peak - before >= 60 << 20, (peak.peak, before)
-    assert resident_bytes() - before < 32 << 20  # it was freed: only the peak remembers it
+    assert seen["peak"] - seen["before"] >= 60 << 20, seen
+    assert seen["after"] - seen["before"] < 32 << 20, seen  # it was freed: only the peak remembers it
 
 
 @pytest.mark.slow
