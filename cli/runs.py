@@ -83,4 +83,8 @@ def runs(
         typer.echo(f"hflow runs: {directory}: no runs found (run directories are written by `hflow train`)", err=True)
         return
     rows = sorted((run_row(d) for d in run_dirs), key=lambda r: (r.started, r.name))
-    Console().print(runs_table(rows, directory))
+    table, console = runs_table(rows, directory), Console()
+    if not console.is_terminal:  # piped (`| cat`, a file): the table's natural width, never squeezed to 80 columns
+        natural = console.measure(table, options=console.options.update(max_width=10_000)).maximum
+        console = Console(width=max(console.width, natural))
+    console.print(table)

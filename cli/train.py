@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from pathlib import Path
 from typing import Annotated, Optional
@@ -22,6 +23,7 @@ from hflow.trainer.rundir.layout import RECIPE
 from hflow.trainer.rundir.writer import RunDir
 
 # What --set may change on --resume: keys that do not alter the run's math.
+ENV_PREFIX = Recipe.model_config["env_prefix"]  # HFLOW_: recipe keys from the environment
 RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.",
                    "trainer.eval_every", "eval.", "data.eval")  # evaluation never changes the training
 
@@ -41,6 +43,9 @@ def train(
     """Train with RECIPE. Writes a run directory (recipe, events.jsonl, checkpoints, log)."""
     quiet_libraries()
     if resume is not None:
+        if recipe is not None:
+            raise UserError(f"train: --resume {resume} continues with the run's own recipe ({resume / RECIPE}); "
+                            f"drop {recipe!r} (what may change on resume goes in --set: {_settable()})")
         loaded = _resume_recipe(resume, set_)
         origin = str(resume / RECIPE)
     elif recipe is None:
@@ -91,5 +96,14 @@ def _resume_recipe(run_dir: Path, set_: list[str]) -> Recipe:
         key = pair.partition("=")[0]
         if not key.startswith(RESUME_SETTABLE):
             raise UserError(f"--set {key}: cannot change on --resume (it would change the run's math); "
-                            f"allowed: {', '.join(RESUME_SETTABLE)}*")
+                            f"allowed: {_settable()}")
+    for var in sorted(os.environ):
+        key = var.removeprefix(ENV_PREFIX).lower().replace("__", ".")
+        if var.startswith(ENV_PREFIX) and not key.startswith(RESUME_SETTABLE):
+            raise UserError(f"environment variable {var}: cannot change {key} on --resume (it would change the "
+                            f"run's math); unset it (what may change: {_settable()}, by --set or {ENV_PREFIX}...)")
     return build_recipe(read_yaml(saved), parse_overrides(set_), str(saved))
+
+
+def _settable() -> str:
+    return ", ".join(k + ("*" if k.endswith(".") else "") for k in RESUME_SETTABLE)

@@ -50,6 +50,19 @@ def test_runs_table_sorted_by_start_with_statuses(tmp_path, cli, run_factory):
     assert by_name["ppo-finished"][6].startswith("2023-11-1")
 
 
+def test_piped_runs_keep_every_column_at_80_columns(tmp_path, run_factory):
+    run_factory(name="grpo-quickstart-20261123-140000-with-a-long-name", algorithm="grpo", status="finished",
+                steps=10, total_steps=10)
+    app = typer.Typer()
+    app.command()(runs)
+    result = CliRunner().invoke(app, [str(tmp_path / "runs")], env={"COLUMNS": "80"})  # one command: no name
+    assert result.exit_code == 0, result.output
+    row = next(ln for ln in result.stdout.splitlines() if "with-a-long-name" in ln)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[:6] == ["grpo-quickstart-20261123-140000-with-a-long-name", "grpo", "tiny-llama", "10/10", "1",
+                         "finished"]
+
+
 def test_runs_on_run_without_events_shows_dash(tmp_path, cli, run_factory):
     run_factory(name="fresh", steps=0, pid=os.getpid())
     result = cli("runs", str(tmp_path / "runs"))

@@ -1,5 +1,6 @@
 """A run resumed from a checkpoint logs the same metrics as the uninterrupted run."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,21 @@ def test_resume_equals_uninterrupted(tmp_path, tiny_model, zero_stage):
             assert after[key] == pytest.approx(before[key], rel=1e-5, abs=1e-7), (after["step"], key)
     # the policy moved: learning happened between the first and last step
     assert reference[0]["actor/lr"] != reference[-1]["actor/lr"]
+
+
+@pytest.mark.slow
+def test_resume_before_the_first_checkpoint_starts_over_without_repeating_steps(tmp_path, tiny_model):
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model,
+                          trainer={"total_steps": 3, "prompts_per_step": 8, "save_every": 0,
+                                   "output_dir": str(tmp_path / "runs")})
+    full = run_hflow("train", str(recipe))
+    assert full.returncode == 0, full.stderr[-3000:]
+    run = Path(full.stdout.strip().splitlines()[-1])
+    reference = read_events(run)
+
+    again = resume_after_crash(run, crashed_after=2, last=3)  # no checkpoint existed at the crash
+    assert [e["step"] for e in again] == [1, 2, 3]
+    samples = [json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples == sorted(samples) and samples.count(1) == samples.count(3)  # each step's samples once
+    for before, after in zip(reference, again):
+        assert after["reward/mean"] == before["reward/mean"] and after["actor/loss"] == before["actor/loss"]

@@ -83,6 +83,10 @@ class Session:
             self._last_step = state["step"]
             self.run.truncate_events(state["step"])
             log.info("resumed from %s at step %d", checkpoint, self.start_step)
+        elif self.run.events():
+            # A resume before the first checkpoint starts over: what was logged is dropped, not repeated.
+            self.run.truncate_events(-1)
+            log.info("no checkpoint yet: starting over from step 1")
         self._wandb = _open_wandb(self.recipe, self.run)
 
     def track(self, name: str, obj):
