@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from hflow.engine.models.folder import ACCEPTED, folder_problem
 from hflow.errors import UserError
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
@@ -102,8 +103,10 @@ def tiny_config(tokenizer, size: str = "tiny", **extra):
     )
 
 
-def check_model_source(path: str, what: str) -> None:
-    """A missing local directory is a user error; a hub id is left to the hub's cache."""
+def check_model_source(path: str, what: str, tokenizer: bool = True, model: bool = True) -> None:
+    """A missing or broken local directory is a user error naming `what` (the recipe key, when
+    known); a hub id is left to the hub's cache. `tokenizer`, `model`: whether the folder's own
+    tokenizer and model are read (see `folder.folder_problem`)."""
     p = Path(path)
     looks_local = p.is_absolute() or path.startswith((".", "~")) or p.exists() or path.count("/") != 1
     if looks_local and not p.is_dir():
@@ -111,13 +114,16 @@ def check_model_source(path: str, what: str) -> None:
             f"{what}: model path '{path}' does not exist; give a local Hugging Face model directory "
             "(build a tiny one with `hflow init-model tiny DIR`, or set `model.init: tiny`)"
         )
+    problem = folder_problem(p, tokenizer, model) if looks_local else None
+    if problem:
+        raise UserError(f"{what}: model folder '{path}' {problem}; give {ACCEPTED}")
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     """The model's tokenizer, left-padding, with a pad token. Loaded once per process: the
     controller and the workers colocated with it share one (nothing changes it after loading);
     a local directory that changed since is read again."""
-    check_model_source(path, "tokenizer")
+    check_model_source(path, "tokenizer", model=False)
     folder = Path(path)
     stamp = folder.stat().st_mtime_ns if folder.is_dir() else None
     return _load_tokenizer(str(path), trust_remote_code, stamp)
@@ -138,7 +144,7 @@ def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = Fals
     """A causal LM from a local directory, in `dtype`, in eval-free training mode."""
     from transformers import AutoModelForCausalLM
 
-    check_model_source(path, "model")
+    check_model_source(path, "model", tokenizer=False)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=None

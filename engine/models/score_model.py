@@ -57,7 +57,7 @@ def load_score_model(path: str, dtype: torch.dtype, trust_remote_code: bool = Fa
     """A ScoreModel from a sequence-classification or a causal-LM directory (see the module doc)."""
     from transformers import AutoModel, AutoModelForSequenceClassification
 
-    check_model_source(path, what)
+    check_model_source(path, what, tokenizer=False)
     try:
         if is_score_checkpoint(path):
             model, info = AutoModelForSequenceClassification.from_pretrained(

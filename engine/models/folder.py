@@ -1,0 +1,117 @@
+"""A cheap look at a local model folder before anything loads it.
+
+Loading a broken folder fails deep inside transformers or safetensors, in a worker, after
+the run directory exists: an empty folder is reported as a sentencepiece problem, a
+truncated weight file as a Rust panic. `folder_problem` reads only small files and the
+safetensors headers (no tensor is loaded) and says in words what is wrong.
+
+The safetensors layout (https://huggingface.co/docs/safetensors, "Format"): 8 bytes, a
+little-endian u64 N; N bytes of JSON mapping each tensor name to its dtype, shape and
+`data_offsets` [begin, end) into the data that follows; the file ends where the last
+tensor's data ends.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ACCEPTED = ("a Hugging Face model folder: config.json with a model_type, tokenizer.json (or tokenizer_config.json "
+            "with its vocabulary files), and model.safetensors, sharded *.safetensors with "
+            "model.safetensors.index.json, or pytorch_model.bin")
+# Files that hold a slow tokenizer's vocabulary next to tokenizer_config.json: vocab.json or
+# vocab.txt (BPE, WordPiece), *.model (sentencepiece), *.tiktoken.
+VOCAB_SUFFIXES = (".model", ".tiktoken")
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+MAX_HEADER = 100_000_000  # the safetensors library's own limit on N
+
+
+def folder_problem(folder: Path, tokenizer: bool = True, model: bool = True) -> str | None:
+    """What makes `folder` not loadable, in words ('has no config.json'), or None. `tokenizer`:
+    whether the folder's own tokenizer is read (a critic's or reference's is not); `model`:
+    whether its model is (config and weights; not when only its tokenizer is loaded)."""
+    if not any(folder.iterdir()):
+        return "is empty"
+    return ((model and _config_problem(folder)) or (tokenizer and _tokenizer_problem(folder))
+            or (model and _weights_problem(folder)) or None)
+
+
+def _config_problem(folder: Path) -> str | None:
+    path = folder / "config.json"
+    if not path.is_file():
+        return "has no config.json"
+    text = path.read_text(errors="replace")
+    if not text.strip():
+        return "has an empty config.json"
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        return f"has a config.json that is not valid JSON ({err})"
+    if not isinstance(config, dict):
+        return f"has a config.json that is not a JSON object (a {type(config).__name__})"
+    if not config.get("model_type"):
+        return "has a config.json without a model_type"
+    return None
+
+
+def _tokenizer_problem(folder: Path) -> str | None:
+    if (folder / "tokenizer.json").is_file():
+        return None
+    if (folder / "tokenizer_config.json").is_file() and any(
+            p.name.startswith("vocab.") or p.suffix in VOCAB_SUFFIXES for p in folder.iterdir()):
+        return None
+    return "has no tokenizer (tokenizer.json, or tokenizer_config.json with vocab.json, vocab.txt or tokenizer.model)"
+
+
+def _weights_problem(folder: Path) -> str | None:
+    for name in WEIGHTS:
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            return _shards_problem(index)
+        if (folder / name).is_file():
+            return safetensors_problem(folder / name) if name.endswith(".safetensors") else _bin_problem(folder / name)
+    return "has no weights (model.safetensors, model.safetensors.index.json with its shards, or pytorch_model.bin)"
+
+
+def _shards_problem(index: Path) -> str | None:
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"has an {index.name} that is not a JSON object with a weight_map"
+    for shard in shards:
+        path = index.parent / shard
+        if not path.is_file():
+            return f"has no {shard}, a shard that {index.name} lists"
+        problem = safetensors_problem(path) if shard.endswith(".safetensors") else _bin_problem(path)
+        if problem:
+            return problem
+    return None
+
+
+def _bin_problem(path: Path) -> str | None:
+    return f"has an empty {path.name}" if path.stat().st_size == 0 else None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with the safetensors file `path` by its header and length, or None."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"has a {path.name} of {size} bytes, cut short before its 8-byte header length"
+        length = int.from_bytes(head, "little")
+        if length > MAX_HEADER:
+            return f"has a {path.name} that is not a safetensors file (header length {length})"
+        if 8 + length > size:
+            return f"has a {path.name} cut short: {size} bytes, less than its {8 + length}-byte header"
+        try:
+            header = json.loads(f.read(length))
+            want = 8 + length + max((int(entry["data_offsets"][1]) for key, entry in header.items()
+                                     if key != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+            return f"has a {path.name} whose header is not safetensors JSON"
+    if size < want:
+        return f"has a {path.name} cut short: {size} bytes where its header says {want}"
+    if size > want:
+        return f"has a {path.name} of {size} bytes where its header says {want}"
+    return None
