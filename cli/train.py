@@ -12,13 +12,13 @@ import typer
 
 from hflow.cli.quiet import quiet_libraries
 from hflow.engine.groups.worker import WorkerError
-from hflow.engine.models.loading import build_tiny_model, check_model_source
+from hflow.engine.models.loading import build_tiny_model
 from hflow.errors import UserError
 from hflow.trainer.algorithms.registry import trainer_for
 from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.inputs import check_inputs
 from hflow.trainer.control.session import failure_message
-from hflow.trainer.data.prompts import read_eval_rows, read_rows
 from hflow.trainer.rundir.layout import RECIPE
 from hflow.trainer.rundir.writer import RunDir
 
@@ -57,7 +57,7 @@ def train(
     algorithm = trainer_for(loaded.algorithm)
     if loaded.model.init and not Path(loaded.model.path).exists():
         build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)
-    _check_inputs(loaded)
+    check_inputs(loaded)  # before a run directory is made for them
     run = RunDir.reopen(resume, loaded) if resume is not None else RunDir.create(loaded, output_dir)
     run.ray_address = ray_address
     typer.echo(f"run directory: {run.path}", err=True)
@@ -77,15 +77,6 @@ def train(
     finally:
         run.close()
     typer.echo(str(run.path))
-
-
-def _check_inputs(recipe: Recipe) -> None:
-    """Catch missing models and unreadable data before a run directory is made for them."""
-    for role, path in recipe.role_models().items():
-        check_model_source(path, f"{role} model")
-    read_rows(recipe.data, recipe.seed)
-    if recipe.data.eval:
-        read_eval_rows(recipe.data, None if recipe.reward.model else recipe.reward.function, recipe.seed)
 
 
 def _resume_recipe(run_dir: Path, set_: list[str]) -> Recipe:

@@ -43,6 +43,19 @@ from hflow.trainer.config.sections import (  # noqa: F401  (re-exported, as abov
     WandbConfig,
 )
 
+# Where each role's model comes from: the first of these keys that is set. The reference falls
+# back to the actor; the critic to the reward model, then the actor (as safe-rlhf and OpenRLHF
+# initialise critics); the cost critic to the cost model, then the critic's. A role without a
+# key set (reward and cost given as functions) runs no model.
+MODEL_KEYS = {
+    "actor": ("model.path",),
+    "reference": ("reference.path", "model.path"),
+    "critic": ("critic.path", "reward.model", "model.path"),
+    "reward": ("reward.model",),
+    "cost_critic": ("cost.critic_path", "cost.model", "critic.path", "reward.model", "model.path"),
+    "cost": ("cost.model",),
+}
+
 
 class Recipe(BaseSettings):
     """A whole training recipe. See recipes/ for commented examples."""
@@ -125,16 +138,21 @@ class Recipe(BaseSettings):
 
     def role_models(self) -> dict[str, str]:
         """Each role that runs a model, with the model it loads (path, hub id or catalog name)."""
-        sources = {
-            "actor": self.model.path,
-            "reference": self.reference.path or self.model.path,
-            "critic": self.critic_source,
-            "reward": self.reward.model,  # None: a reward function, no model
-            "cost_critic": self.cost_critic_source,
-            "cost": self.cost.model,
-        }
+        return {role: source for role, (_, source) in self.role_model_keys().items()}
+
+    def role_model_keys(self) -> dict[str, tuple[str, str]]:
+        """Each role that runs a model: the recipe key its model comes from, and the model."""
         roles = self.algorithm_spec.roles_for(self.uses_reference)
-        return {role: source for role, source in sources.items() if role in roles and source}
+        found = {role: self._first_set(keys) for role, keys in MODEL_KEYS.items() if role in roles}
+        return {role: pair for role, pair in found.items() if pair is not None}
+
+    def _first_set(self, keys: tuple[str, ...]) -> tuple[str, str] | None:
+        for key in keys:
+            section, name = key.split(".")
+            value = getattr(getattr(self, section), name)
+            if value:
+                return key, value
+        return None
 
     @property
     def algorithm_spec(self) -> Algorithm:
@@ -144,13 +162,13 @@ class Recipe(BaseSettings):
     @property
     def critic_source(self) -> str:
         """The (reward) critic's initial weights: `critic.path`, else the reward model, else the actor."""
-        return self.critic.path or self.reward.model or self.model.path
+        return self._first_set(MODEL_KEYS["critic"])[1]
 
     @property
     def cost_critic_source(self) -> str:
         """Safe-RLHF's cost critic's initial weights: `cost.critic_path`, else the cost model, else
         the reward critic's."""
-        return self.cost.critic_path or self.cost.model or self.critic_source
+        return self._first_set(MODEL_KEYS["cost_critic"])[1]
 
     @property
     def kl(self) -> KLSettings:

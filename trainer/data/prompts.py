@@ -18,19 +18,20 @@ from hflow.engine.seeding import stream_seed
 from hflow.errors import UserError
 from hflow.trainer.config.sections import DataConfig
 from hflow.trainer.data import tasks
+from hflow.trainer.data.row_checks import check_rows
 
 
-def read_rows(cfg: DataConfig, seed: int) -> list[dict]:
-    """The raw rows of `data.train`, each with the prompt under the key `prompt`."""
+def read_rows(cfg: DataConfig, seed: int, functions: dict[str, str] | None = None) -> list[dict]:
+    """The raw rows of `data.train`, each with the prompt under the key `prompt`, every row
+    checked (`row_checks.check_rows`; `functions`: the scoring functions whose columns to check,
+    by recipe key, e.g. {"reward.function": "synthetic"})."""
     spec = cfg.train
     if spec.startswith("synthetic:"):
         return tasks.make_rows(_synthetic_task(spec, "data.train"), cfg.synthetic_size, seed)
     rows = read_table(spec, "data.train", "a prompt column")
     if not rows:
         raise UserError(f"data.train '{spec}': the data set is empty")
-    if cfg.prompt_key not in rows[0]:
-        raise UserError(f"data.train '{spec}': no column {cfg.prompt_key!r} (data.prompt_key); "
-                        f"columns: {', '.join(rows[0])}")
+    check_rows(rows, f"data.train '{spec}'", cfg.prompt_key, functions or {})
     for row in rows:
         row[col.PROMPT] = row.pop(cfg.prompt_key)
     return rows
@@ -58,13 +59,8 @@ def read_eval_rows(cfg: DataConfig, reward_function: str | None, seed: int) -> l
     rows = read_table(spec, "data.eval", "a prompt column")[:cfg.eval_size]
     if not rows:
         raise UserError(f"data.eval '{spec}': the data set is empty")
-    needed = [cfg.prompt_key] + {"exact_match": ["answer"], "synthetic": ["task", "answer"]}.get(reward_function, [])
-    for number, row in enumerate(rows, 1):
-        missing = [c for c in needed if c not in row]
-        if missing:
-            raise UserError(f"data.eval '{spec}': row {number} has no column {', '.join(map(repr, missing))} "
-                            f"(needed by data.prompt_key and reward.function {reward_function!r}); "
-                            f"columns: {', '.join(row)}")
+    check_rows(rows, f"data.eval '{spec}'", cfg.prompt_key,
+               {"reward.function": reward_function} if reward_function else {})
     for row in rows:
         row[col.PROMPT] = row.pop(cfg.prompt_key)
     return rows
@@ -79,15 +75,23 @@ def read_table(spec: str, key: str, needs: str) -> list[dict]:
     if path.suffix == ".jsonl":
         return _read_jsonl(path)
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as err:
+            raise UserError(f"{key} '{spec}': not a readable parquet file ({str(err).splitlines()[0]})") from None
     raise UserError(f"{key} '{spec}': unsupported file type {path.suffix!r}; accepted: .jsonl, .parquet")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not a UTF-8 text file of JSON lines ({err.reason} at byte {err.start})") from None
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -58,6 +58,10 @@ BUILTINS: dict[str, RewardFn] = {
     "synthetic_cost": synthetic_cost,
 }
 
+# The data columns each built-in reads besides the prompt: checked in every row before a run
+# starts (`row_checks.py`). A `module:function` may read any column: nothing can be checked.
+COLUMNS_READ: dict[str, tuple[str, ...]] = {"synthetic": ("task", "answer"), "exact_match": ("answer",)}
+
 
 def load_reward_fn(spec: str, key: str = "reward.function", cfg=None) -> RewardFn:
     """A built-in name or `module:function` (the module must be importable). `key` names the

@@ -33,3 +33,14 @@ def test_grpo_accepts_every_kl_estimator():
     for estimator in ("k1", "k2", "k3", "abs"):
         assert Recipe(model={"path": "m"}, data={"train": "x.jsonl"}, grpo={"kl_estimator": estimator}).kl.estimator \
             == estimator
+
+
+def test_each_role_model_names_the_key_it_comes_from():
+    recipe = Recipe(algorithm="safe_rlhf", model={"path": "m"}, data={"train": "synthetic:digits"},
+                    reward={"model": "rm"}, cost={"model": "cm"})
+    assert recipe.role_model_keys() == {
+        "actor": ("model.path", "m"), "reference": ("model.path", "m"), "critic": ("reward.model", "rm"),
+        "reward": ("reward.model", "rm"), "cost_critic": ("cost.model", "cm"), "cost": ("cost.model", "cm")}
+    recipe.critic.path, recipe.cost.model, recipe.cost.function = "c", None, "synthetic_cost"
+    assert recipe.role_model_keys()["cost_critic"] == ("critic.path", "c")  # falls back to the critic's
+    assert recipe.critic_source == "c" and recipe.cost_critic_source == "c" and "cost" not in recipe.role_models()

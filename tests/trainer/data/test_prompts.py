@@ -11,7 +11,7 @@ import pytest
 from hflow.engine.models.loading import TINY_CHARS, build_tiny_tokenizer
 from hflow.errors import UserError
 from hflow.trainer.config.load import build_recipe
-from hflow.trainer.data.prompts import PromptData
+from hflow.trainer.data.prompts import PromptData, read_table
 
 PROMPTS = [f"prompt {c}" for c in "abcdefghij"]  # 10 distinct prompts
 
@@ -102,14 +102,34 @@ def test_columns_are_kept_and_the_prompt_key_is_renamed(tmp_path, tokenizer):
                              "prompt_ids": [ids("two"), ids("two")], "uid": [0, 1]}
 
 
-def test_empty_prompts_are_dropped_and_all_empty_is_an_error(tmp_path, tokenizer):
-    data = _data(tokenizer, _jsonl(tmp_path, [{"prompt": ""}, {"prompt": "ok"}]), per_step=1)
-    assert len(data) == 1 and data.batch(1)["prompt"] == ["ok"]
-    with pytest.raises(UserError, match="every prompt is empty after tokenization"):
-        _data(tokenizer, _jsonl(tmp_path, [{"prompt": ""}], "empty.jsonl"))
+def test_an_empty_or_null_prompt_is_an_error_naming_its_row(tmp_path, tokenizer):
+    with pytest.raises(UserError, match=r"p.jsonl': row 2 has an empty 'prompt'"):
+        _data(tokenizer, _jsonl(tmp_path, [{"prompt": "ok"}, {"prompt": ""}], "p.jsonl"))
+    with pytest.raises(UserError, match=r"row 1 has a 'prompt' that is null"):  # not trained on as "None"
+        _data(tokenizer, _jsonl(tmp_path, [{"prompt": None}], "null.jsonl"))
 
 
 def test_a_missing_prompt_column_is_named(tmp_path, tokenizer):
     path = _jsonl(tmp_path, [{"text": "a", "answer": "b"}])
     with pytest.raises(UserError, match=r"no column 'prompt' \(data.prompt_key\); columns: text, answer"):
         _data(tokenizer, path)
+
+
+def test_a_file_that_does_not_parse_is_one_line(tmp_path):
+    fake = tmp_path / "p.parquet"
+    fake.write_text('{"prompt": "a"}\n')
+    with pytest.raises(UserError, match=r"^data.train '.*p.parquet': not a readable parquet file \(.+\)$"):
+        read_table(str(fake), "data.train", "a prompt column")
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UserError, match=r"b.jsonl: not a UTF-8 text file of JSON lines"):
+        read_table(str(binary), "data.train", "a prompt column")
+
+
+def test_parquet_chat_prompts_pass_the_row_checks(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "chat.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": [{"role": "user", "content": "hi"}]}]), path)
+    assert _data(tokenizer, path, per_step=1).batch(1)["prompt"] == [[{"role": "user", "content": "hi"}]]

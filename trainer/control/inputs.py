@@ -1,0 +1,42 @@
+"""The recipe's inputs on disk, checked before a run directory is made for them.
+
+`hflow train` and `hflow validate` call `check_inputs`: every local model folder the roles
+load (`engine/models/folder.py`: config, tokenizer, weight headers) and every row of the
+prompt files (`trainer/data/row_checks.py`). Each takes well under a second; nothing is
+loaded into a model or tokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hflow.engine.models.loading import check_model_source
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.data.prompts import read_eval_rows, read_rows
+
+# Roles whose workers load their own folder's tokenizer (workers/actor.py, workers/reward.py);
+# the reference and the critics read the actor's token ids.
+OWN_TOKENIZER = ("actor", "reward", "cost")
+
+
+def check_inputs(recipe: Recipe) -> None:
+    """Stop with one line (a UserError) on a missing or broken model folder or prompt file."""
+    for role, (key, path) in recipe.role_model_keys().items():
+        if recipe.model.init and path == recipe.model.path and not Path(path).exists():
+            continue  # `hflow train` builds it (model.init)
+        check_model_source(path, key, tokenizer=role in OWN_TOKENIZER)
+    read_rows(recipe.data, recipe.seed, scoring_functions(recipe))
+    if recipe.data.eval:
+        reward = scoring_functions(recipe).get("reward.function")
+        read_eval_rows(recipe.data, reward, recipe.seed)
+
+
+def scoring_functions(recipe: Recipe) -> dict[str, str]:
+    """The scoring functions the run calls on data rows, by recipe key (a section given a model
+    instead calls none): {"reward.function": "synthetic"}."""
+    found = {}
+    for section in ("reward", "cost"):
+        cfg = getattr(recipe, section)
+        if section in recipe.algorithm_spec.roles and not cfg.model and cfg.function:
+            found[f"{section}.function"] = cfg.function
+    return found
