@@ -10,3 +10,10 @@ class UserError(Exception):
     """A mistake in the user's input (recipe, paths, data), reported in one line."""
 
     exit_code = 2
+
+
+class MachineError(UserError):
+    """The machine, not the input, stopped the run (a full disk, a folder that cannot be
+    written): reported in one line like a UserError, with exit code 1."""
+
+    exit_code = 1

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from hflow.engine.workers.config import OptimSpec
@@ -159,8 +162,8 @@ class TrainEngine:
         if rank != 0:
             return
         directory.mkdir(parents=True, exist_ok=True)
-        save_file(weights, directory / "weights.safetensors")
-        save_file(moments, directory / "optimizer.safetensors")
+        _save_safetensors(weights, directory / "weights.safetensors")
+        _save_safetensors(moments, directory / "optimizer.safetensors")
         state = {"updates": self.updates, "scheduler": _jsonable(self.scheduler.state_dict())}
         (directory / "engine.json").write_text(json.dumps(state))
 
@@ -208,6 +211,18 @@ class TrainEngine:
         link = getattr(self.optimizer, "_lazy_init_hp_params_optimizer_state", None)
         if link is not None:  # ZeRO-1/2 point each parameter's fragment at the new moments
             link()
+
+
+def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """`save_file`, whose I/O failures (a full disk, a folder that cannot be written) arrive as
+    SafetensorError("... (os error 28) ..."), raising them as the OSError they are."""
+    try:
+        save_file(tensors, path)
+    except SafetensorError as err:
+        code = re.search(r"\(os error (\d+)\)", str(err))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from err
 
 
 def _jsonable(state: dict) -> dict:

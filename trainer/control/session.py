@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 import time
 from typing import Any, Iterator
 
@@ -72,8 +73,12 @@ class Session:
 
     def init_workers(self) -> None:
         """Initialise every role; when the run has a checkpoint, continue from it (each role's
-        `init_model(checkpoint)` gets its own directory of it, `<checkpoint>/<role>`, or None)."""
-        checkpoint = self.run.latest_checkpoint()
+        `init_model(checkpoint)` gets its own directory of it, `<checkpoint>/<role>`, or None).
+        A checkpoint whose files do not verify is skipped for the one before it, in one line."""
+        checkpoint, skipped = self.run.resume_checkpoint()
+        for line in skipped:
+            log.warning("%s", line)
+            print(line, file=sys.stderr, flush=True)
         for role, group in self.groups.items():
             group.init_model(checkpoint=str(checkpoint / role) if checkpoint else None)
         if checkpoint:
@@ -193,7 +198,7 @@ class Session:
         log.info("step 0 %s", json.dumps(event))
 
     def save_checkpoint(self, step: int) -> None:
-        with self.stage("checkpoint"):
+        with self.stage("checkpoint"), self.run.writing_checkpoint(step):
             tmp = self.run.staging_checkpoint(step)
             for role, group in self.groups.items():
                 if group.has_method("save_checkpoint"):

@@ -11,7 +11,8 @@
                                  last (see `RunDir.commit_checkpoint`)
       final/          the trained actor as a Hugging Face model directory
 
-`writer.py` writes it; `read.py`, `watcher.py` and the CLI read it, while it is being
+`writer.py` writes it (`checkpoints.py` verifies a checkpoint before a resume uses it);
+`read.py`, `watcher.py` and the CLI read it, while it is being
 written. Nothing secret is written here: the recipe holds no tokens, and the environment
 is never copied.
 """
@@ -28,7 +29,7 @@ CHECKPOINTS = "checkpoints"
 FINAL = "final"
 
 TRAINER_STATE = "trainer_state.json"  # in a checkpoint: the step and the controller's state
-COMPLETE = "COMPLETE"  # written last into a checkpoint: its presence means the checkpoint is whole
+COMPLETE = "COMPLETE"  # written last into a checkpoint: it is whole; lists each file's size (checkpoints.py)
 
 RUN_FILES = (STATUS, EVENTS, RECIPE)  # any one of them marks a directory as a run
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -9,11 +10,13 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from hflow.errors import UserError
+from hflow.engine.groups.worker import WorkerError
+from hflow.errors import MachineError, UserError
 from hflow.trainer.config.load import dump_recipe
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.rundir.checkpoints import manifest, newest_whole
 from hflow.trainer.rundir.layout import (
     CHECKPOINTS,
     COMPLETE,
@@ -26,6 +29,8 @@ from hflow.trainer.rundir.layout import (
     TRAINER_STATE,
     checkpoint_name,
 )
+
+log = logging.getLogger("hflow.rundir")
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -105,7 +110,13 @@ class RunDir:
             "hostname": socket.gethostname(),
             "error": error,
         }
-        atomic_write(self.path / STATUS, json.dumps(record))
+        try:
+            atomic_write(self.path / STATUS, json.dumps(record))
+        except OSError as err:
+            if status != "failed":
+                raise
+            # A run that failed because the disk is full still ends with its own one-line error.
+            log.error("cannot write %s (%s); the run failed: %s", STATUS, err.strerror or err, error)
 
     def append_event(self, event: dict[str, Any]) -> None:
         with open(self.path / EVENTS, "a") as f:
@@ -120,33 +131,35 @@ class RunDir:
         atomic_write(self.path / PLAN, json.dumps(plan, indent=2))
 
     def events(self) -> list[dict[str, Any]]:
-        path = self.path / EVENTS
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_jsonl(self.path / EVENTS)
 
     def truncate_events(self, last_step: int) -> None:
-        """Drop events after `last_step` (logged after the checkpoint a resume starts from)."""
+        """Drop events after `last_step` (logged after the checkpoint a resume starts from), and a
+        line torn by a crash."""
         kept = [e for e in self.events() if e["step"] <= last_step]
         atomic_write(self.path / EVENTS, "".join(json.dumps(e) + "\n" for e in kept))
         samples = self.path / SAMPLES
         if samples.exists():
-            rows = [json.loads(x) for x in samples.read_text().splitlines() if x.strip()]
+            rows = read_jsonl(samples)
             atomic_write(samples, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= last_step))
 
     # --- checkpoints ---------------------------------------------------------------
 
     def staging_checkpoint(self, step: int) -> Path:
         """A fresh directory to write step `step`'s checkpoint into before committing it."""
-        tmp = self.checkpoints / f".{checkpoint_name(step)}.tmp"
+        tmp = self._staging(step)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         return tmp
 
+    def _staging(self, step: int) -> Path:
+        return self.checkpoints / f".{checkpoint_name(step)}.tmp"
+
     def commit_checkpoint(self, tmp: Path, step: int, state: dict[str, Any]) -> Path:
-        """Mark complete, then rename into place: a crash leaves no checkpoint that looks whole."""
+        """Mark complete, then rename into place: a crash leaves no checkpoint that looks whole.
+        COMPLETE lists every file's size, so that a file cut later is found on resume."""
         (tmp / TRAINER_STATE).write_text(json.dumps(state))
-        (tmp / COMPLETE).write_text(str(step))
+        (tmp / COMPLETE).write_text(json.dumps({"step": step, "files": manifest(tmp)}))
         final = self.checkpoints / checkpoint_name(step)
         if final.exists():
             shutil.rmtree(final)
@@ -155,10 +168,45 @@ class RunDir:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
+    @contextlib.contextmanager
+    def writing_checkpoint(self, step: int) -> Iterator[None]:
+        """Around staging, writing and committing step `step`'s checkpoint: an OSError (a full
+        disk, a folder that cannot be written), here or in a worker, becomes a one-line
+        MachineError naming the run and the step; the staging folder is removed and the
+        earlier checkpoints stay as they were."""
+        try:
+            yield
+        except (OSError, WorkerError) as err:
+            shutil.rmtree(self._staging(step), ignore_errors=True)
+            last = self.complete_checkpoints()
+            why = (err.strerror or str(err)) if isinstance(err, OSError) else str(err)
+            kept = f"the last complete checkpoint is {last[-1].name}" if last else "no checkpoint was written yet"
+            message = f"cannot write checkpoint {checkpoint_name(step)} in {self.path}: {why}; {kept}"
+            log.error("%s", message)
+            raise MachineError(message) from None
+
     def complete_checkpoints(self) -> list[Path]:
         found = [p for p in self.checkpoints.glob("step_*") if (p / COMPLETE).exists()]
         return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
-    def latest_checkpoint(self) -> Path | None:
-        found = self.complete_checkpoints()
-        return found[-1] if found else None
+    def resume_checkpoint(self) -> tuple[Path | None, list[str]]:
+        """The newest complete checkpoint whose files verify (`checkpoints.verify`), or None; and
+        one line for each newer one skipped, saying why."""
+        return newest_whole(self.complete_checkpoints())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON Lines file written by this module, without a line a crash cut short
+    (unterminated and unparsable: dropped, as the readers in read.py and tail.py do)."""
+    if not path.exists():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            log.warning("%s line %d is not JSON (cut short by a crash?); dropped", path.name, number)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
