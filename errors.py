@@ -1,13 +1,21 @@
-"""The one exception type for mistakes a user can fix.
+"""The exception types whose message is all a person needs: one line, no traceback.
 
-A UserError's message is a single line that names the file, the key or the value
-and what would be accepted. The CLI prints it without a traceback and exits 2;
-any other exception is a bug and keeps its full traceback.
+A UserError is a mistake a user can fix in what they gave hflow: the recipe, paths, data, or
+their own reward or cost function (it raised, returned something that is not one number per
+response, or returned NaN/inf). The CLI prints `error: <message>` and exits 2, on every backend.
+
+A MachineError is the machine stopping a run (a full disk, a folder that cannot be written):
+one line like a UserError, exit 1.
+
+A RunFailed is a run that could not go on for a reason that is not the user's input: a worker's
+process died, hflow raised inside a worker, the training diverged (a non-finite loss or
+gradient norm). The CLI prints `error: <message> (run directory: ...)`, keeps the traceback in
+train.log and exits 1. Any other exception is a bug and keeps its full traceback.
 """
 
 
 class UserError(Exception):
-    """A mistake in the user's input (recipe, paths, data), reported in one line."""
+    """A mistake in the user's input (recipe, paths, data, reward code), reported in one line."""
 
     exit_code = 2
 
@@ -15,5 +23,11 @@ class UserError(Exception):
 class MachineError(UserError):
     """The machine, not the input, stopped the run (a full disk, a folder that cannot be
     written): reported in one line like a UserError, with exit code 1."""
+
+    exit_code = 1
+
+
+class RunFailed(RuntimeError):
+    """The run stopped for a reason named in one line (a worker died, training diverged)."""
 
     exit_code = 1

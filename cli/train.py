@@ -11,9 +11,8 @@ from typing import Annotated, Optional
 import typer
 
 from hflow.cli.quiet import quiet_libraries
-from hflow.engine.groups.worker import WorkerError
 from hflow.engine.models.loading import build_tiny_model
-from hflow.errors import UserError
+from hflow.errors import RunFailed, UserError
 from hflow.trainer.algorithms.registry import trainer_for
 from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
 from hflow.trainer.config.recipe import Recipe
@@ -25,7 +24,8 @@ from hflow.trainer.rundir.writer import RunDir
 # What --set may change on --resume: keys that do not alter the run's math.
 ENV_PREFIX = Recipe.model_config["env_prefix"]  # HFLOW_: recipe keys from the environment
 RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.",
-                   "trainer.eval_every", "eval.", "data.eval")  # evaluation never changes the training
+                   "trainer.eval_every", "eval.", "data.eval",  # evaluation never changes the training
+                   "trainer.on_nonfinite")  # a run that stopped at a NaN reward may go on skipping such steps
 
 
 def train(
@@ -67,12 +67,13 @@ def train(
         # The session has marked the run failed already when it was running; this covers the
         # start-up before it (the same line either way).
         run.write_status("failed", run.read_status().get("step", 0), failure_message(err))
-        if not isinstance(err, UserError):
+        if not isinstance(err, UserError) or err.__cause__ is not None:
+            # A bug's traceback, or the user's reward function's (a UserError's cause), for train.log.
             logging.getLogger("hflow").error("run failed:\n%s", traceback.format_exc())
-        if isinstance(err, WorkerError):
-            # The worker's own traceback is in train.log and the Ray logs; one line here.
+        if isinstance(err, RunFailed):
+            # A worker's own traceback is in train.log and the Ray logs; one line here.
             typer.echo(f"error: {err} (run directory: {run.path})", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(err.exit_code) from None
         raise
     finally:
         run.close()

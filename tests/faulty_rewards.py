@@ -1,6 +1,8 @@
-"""Reward functions that fail on purpose at step 2, for the worker-failure tests.
+"""Reward functions that fail on purpose, for the worker-failure and bad-score tests.
 
-The first call scores normally; the second raises (or kills its own process).
+The `*_at_second_call` ones score normally at the first call (step 1) and fail at the second
+(step 2): raise, kill their own process, or return a NaN. `_calls` counts calls per process;
+an in-process test resets it.
 """
 
 import os
@@ -23,3 +25,16 @@ def dies_at_second_call(prompts, responses, **columns):
     if _calls["n"] >= 2:
         os.kill(os.getpid(), signal.SIGKILL)
     return synthetic(prompts, responses, **columns)
+
+
+def one_nan_at_second_call(prompts, responses, **columns):
+    """Step 2's first score is NaN, the rest as `synthetic` scores them."""
+    _calls["n"] += 1
+    scores = synthetic(prompts, responses, **columns)
+    if _calls["n"] == 2:
+        scores[0] = float("nan")
+    return scores
+
+
+def returns_none(prompts, responses, **columns):
+    return None

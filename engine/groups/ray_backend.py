@@ -26,6 +26,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
 from hflow.engine.groups.dist import free_port
 from hflow.engine.groups.worker import ResourcePool, WorkerError, WorkerGroup
+from hflow.errors import UserError
 
 
 def _ray():
@@ -217,6 +218,8 @@ def _get(ref, role: str, rank: int):
         cause = err.cause if getattr(err, "cause", None) is not None else err
         if isinstance(cause, ray.exceptions.RayActorError):
             raise WorkerError(role, rank, died) from None
+        if isinstance(cause, UserError):  # the user's mistake, found in a worker: the same line as on local
+            raise UserError(str(cause)) from None
         first_line = (str(cause).strip().splitlines() or [""])[0]
         raise WorkerError(role, rank, f"{type(cause).__name__}: {first_line}") from None
     except ray.exceptions.RayActorError:

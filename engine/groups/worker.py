@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hflow.engine.groups.dispatch import Protocol, protocol_of
+from hflow.errors import RunFailed
 
 
 class Worker:
@@ -40,7 +41,7 @@ class ResourcePool:
         return len(self.devices)
 
 
-class WorkerError(RuntimeError):
+class WorkerError(RunFailed):
     """A worker raised or its process died: names the role and the rank."""
 
     def __init__(self, role: str, rank: int, message: str):

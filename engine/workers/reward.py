@@ -21,7 +21,7 @@ from hflow.engine.models.loading import load_tokenizer, resolve_dtype
 from hflow.engine.models.score_model import last_token_scores, load_score_model
 from hflow.engine.rollout.assembly import positions
 from hflow.engine.workers.config import ScorerSpec
-from hflow.errors import UserError
+from hflow.engine.workers.function_scores import call_scorer
 
 # Columns the worker itself adds or reads; the rest go to the reward function.
 _INTERNAL = {col.PROMPT_IDS, col.UID, col.PROMPT}
@@ -61,11 +61,8 @@ class RewardWorker(Worker):
     def _score(self, batch: Batch, texts: list[str]) -> torch.Tensor:
         if self.model is None:
             columns = {k: v for k, v in batch.columns.items() if k not in _INTERNAL}
-            scores = self.fn(batch[col.PROMPT], texts, **columns)
-            if len(scores) != len(texts):
-                raise UserError(f"{self.spec.section}.function {self.spec.function!r} returned {len(scores)} scores for "
-                                f"{len(texts)} responses")
-            return torch.tensor([float(s) for s in scores])
+            what = f"{self.spec.section}.function {self.spec.function!r}"
+            return call_scorer(self.fn, what, batch[col.PROMPT], texts, columns)
         inputs = self._model_inputs(batch, texts)
         out = []
         with torch.no_grad():

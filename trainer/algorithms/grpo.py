@@ -29,6 +29,9 @@ def train(recipe: Recipe, run: RunDir) -> None:
             batch = session.reference_log_probs(batch)
             with session.stage("reward"):
                 batch |= reward.compute_reward(batch)
+            if not session.finite_scores(batch, step):  # a NaN/inf score, trainer.on_nonfinite: skip_step
+                session.end_step(step, batch)  # logged, with no update
+                continue
             with session.stage("advantage"):
                 batch |= compute_advantages(batch, recipe)
             with session.stage("update_actor"):

@@ -37,6 +37,9 @@ def train(recipe: Recipe, run: RunDir) -> None:
             with session.stage("reward"):
                 batch |= reward.compute_reward(batch)
                 baseline = reward.compute_reward(greedy)[col.SCORES]
+            if not session.finite_scores(batch, step, baseline):  # a NaN/inf score, trainer.on_nonfinite: skip_step
+                session.end_step(step, batch)  # logged, with no update
+                continue
             with session.stage("advantage"):
                 batch |= compute_advantages(batch, baseline, recipe)
             with session.stage("update_actor"):

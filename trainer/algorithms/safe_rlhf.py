@@ -49,6 +49,9 @@ def train(recipe: Recipe, run: RunDir) -> None:
             with session.stage("reward"):
                 batch |= reward.compute_reward(batch)
                 batch |= cost.compute_cost(batch)
+            if not session.finite_scores(batch, step):  # a NaN/inf score, trainer.on_nonfinite: skip_step
+                session.end_step(step, batch)  # logged, with no update
+                continue
             with session.stage("lagrange"):
                 multiplier = lagrangian.step(batch[col.COSTS].tolist(), step)
             with session.stage("advantage"):

@@ -253,6 +253,13 @@ class TrainerConfig(Section):
         "baseline) and at the last step; 0: never. Metrics go into the step's event as eval/*.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto`: cuda when available.")
+    on_nonfinite: Literal["error", "skip_step"] = Field(
+        "error",
+        description="What a NaN or inf reward or cost does. `error`: the run stops with one line naming the "
+        "scorer, the step and the rows (status failed, the last checkpoint intact). `skip_step`: that step "
+        "has no update (actor and critics) and is logged with the finite rows' metrics and the running "
+        "count `nonfinite/skipped_steps`. A non-finite loss or gradient norm always stops the run.",
+    )
 
 
 class EvalConfig(Section):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import sys
 import time
 from typing import Any, Iterator
@@ -19,9 +20,10 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.groups.worker import WorkerError, resolve
 from hflow.engine.models.loading import load_tokenizer
-from hflow.errors import UserError
+from hflow.errors import RunFailed, UserError
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.evaluate import Evaluator
+from hflow.trainer.control.nonfinite import SKIPPED, check_update, finite, nonfinite_problem, scorer_name
 from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
 from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.losses import kl_estimate, masked_mean
@@ -56,6 +58,7 @@ class Session:
         self._resumed_state: dict[str, Any] = {}
         self._last_step = 0
         self._closed = False
+        self.skipped_steps = 0  # steps without an update for a NaN/inf score (trainer.on_nonfinite: skip_step)
 
     def __enter__(self) -> "Session":
         return self
@@ -92,6 +95,7 @@ class Session:
             # A resume before the first checkpoint starts over: what was logged is dropped, not repeated.
             self.run.truncate_events(-1)
             log.info("no checkpoint yet: starting over from step 1")
+        self.skipped_steps = max((e.get(SKIPPED, 0) for e in self.run.events()), default=0)
         self._wandb = _open_wandb(self.recipe, self.run)
 
     def track(self, name: str, obj):
@@ -133,6 +137,27 @@ class Session:
         with self.stage("reference"):
             return batch | reference.compute_ref_log_prob(batch)
 
+    def finite_scores(self, batch: Batch, step: int, *more_scores) -> bool:
+        """True when every reward and cost of the step (the batch's, and ReMax's greedy baseline
+        in `more_scores`) is finite. Otherwise `trainer.on_nonfinite` decides: `error` stops the run
+        with one line naming the scorer, the step and the rows; `skip_step` counts the step as skipped
+        and returns False: the loop then logs it with `end_step` and makes no update."""
+        view = batch.select(col.SCORES, col.COSTS)
+        checks = [("reward", "score", view[col.SCORES])] + [("reward", "greedy score", m) for m in more_scores]
+        if col.COSTS in view:
+            checks.append(("cost", "cost", view[col.COSTS]))
+        for section, what, values in checks:
+            problem = nonfinite_problem(values.float(), what, step)
+            if problem is None:
+                continue
+            line = f"{scorer_name(self.recipe, section)} {problem}"
+            if self.recipe.trainer.on_nonfinite == "error":
+                raise UserError(f"{line}; set trainer.on_nonfinite: skip_step to skip such steps")
+            self.skipped_steps += 1
+            log.warning("%s; the step is skipped (trainer.on_nonfinite: skip_step)", line)
+            return False
+        return True
+
     @contextlib.contextmanager
     def stage(self, name: str):
         """Time a stage. Colocated roles run in order anyway, so the stage waits for its work;
@@ -151,11 +176,16 @@ class Session:
 
     def end_step(self, step: int, batch: Batch, *metrics: dict[str, float]) -> dict[str, Any]:
         """Log the step's event: rollout statistics, then each metrics dict (actor, critics, ...)."""
+        metrics = [resolve(part) for part in metrics]
+        for part in metrics:
+            check_update(step, part)  # before the step is logged or saved
         view = batch.select(*STEP_COLUMNS)
         elapsed = time.perf_counter() - self._step_started
         event = {"step": step, "time": time.time(), **rollout_metrics(view, self.recipe)}
         for part in metrics:
-            event.update(resolve(part))
+            event.update(part)
+        if self.skipped_steps:
+            event[SKIPPED] = self.skipped_steps
         if len(self.groups.pools) > 1:
             # Stages on different pools overlap: report the time the workers spent in each.
             self.timings.update(self.groups.worker_stage_seconds())
@@ -229,7 +259,7 @@ def failure_message(err: BaseException) -> str:
     Ctrl-C as `interrupted`, anything else with its type."""
     if isinstance(err, KeyboardInterrupt):
         return "interrupted"
-    if isinstance(err, (UserError, WorkerError)):
+    if isinstance(err, (UserError, RunFailed)):  # a worker's error is a RunFailed
         return str(err)
     return f"{type(err).__name__}: {err}"
 
@@ -254,14 +284,16 @@ def _check_divisible(recipe: Recipe, groups: WorkerGroups) -> None:
 
 
 def rollout_metrics(batch: Batch, recipe: Recipe) -> dict[str, float]:
-    scores = batch[col.SCORES].float()
+    """The step's rollout statistics; reward/* and cost/* of the finite scores only (a skipped
+    step's NaN or inf rows are left out, and a step without any finite score has none)."""
+    scores = finite(batch[col.SCORES].float())
     mask = batch[col.RESPONSE_MASK].float()
     lengths = mask.sum(-1)
     metrics = {
-        "reward/mean": float(scores.mean()),
-        "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-        "reward/min": float(scores.min()),
-        "reward/max": float(scores.max()),
+        **({"reward/mean": float(scores.mean()),
+            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "reward/min": float(scores.min()),
+            "reward/max": float(scores.max())} if len(scores) else {}),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "entropy/mean": float(masked_mean(batch[col.ENTROPY], mask)),
@@ -269,8 +301,8 @@ def rollout_metrics(batch: Batch, recipe: Recipe) -> dict[str, float]:
     if col.REF_LOG_PROBS in batch:
         kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], recipe.kl.estimator)
         metrics["kl/mean"] = float(masked_mean(kl, mask))
-    if col.COSTS in batch:
-        costs = batch[col.COSTS].float()
+    costs = finite(batch[col.COSTS].float()) if col.COSTS in batch else []
+    if len(costs):
         metrics.update({"cost/mean": float(costs.mean()), "cost/max": float(costs.max()),
                         "cost/std": float(costs.std()) if len(costs) > 1 else 0.0})
     return metrics
@@ -285,10 +317,16 @@ def samples(batch: Batch, step: int, count: int) -> list[dict[str, Any]]:
             "step": step,
             "prompt": prompt if isinstance(prompt, str) else json.dumps(prompt),
             "response": batch[col.RESPONSE_TEXT][row],
-            "reward": float(batch[col.SCORES][row]),
-            **({"cost": float(batch[col.COSTS][row])} if col.COSTS in batch else {}),
+            "reward": _number(batch[col.SCORES][row]),
+            **({"cost": _number(batch[col.COSTS][row])} if col.COSTS in batch else {}),
         })
     return out
+
+
+def _number(value) -> float | None:
+    """A score for samples.jsonl: None for NaN or inf, which JSON has no numbers for."""
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def _open_wandb(recipe: Recipe, run: RunDir):

@@ -14,6 +14,7 @@ import importlib
 import re
 from typing import Callable
 
+from hflow.engine.workers.function_scores import first_line
 from hflow.errors import UserError
 from hflow.trainer.data import reward_defaults, tasks
 
@@ -87,6 +88,9 @@ def load_reward_fn(spec: str, key: str = "reward.function", cfg=None) -> RewardF
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise UserError(f"{key} {spec!r}: cannot import module {module_name!r} ({err})") from None
+    except Exception as err:  # a SyntaxError, or anything the module raises while it loads
+        raise UserError(f"{key} {spec!r}: importing module {module_name!r} raised "
+                        f"{type(err).__name__}: {first_line(err)}") from err
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise UserError(f"{key} {spec!r}: module {module_name!r} has no function {attr!r}")

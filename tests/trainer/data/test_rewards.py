@@ -48,3 +48,17 @@ def test_grpo_scale_by_std_from_the_recipe():
     dr = compute_advantages(batch, Recipe(**base, grpo={"scale_by_std": False}))["advantages"]
     assert scaled.tolist() == pytest.approx([0.5 / 0.5**0.5, -0.5 / 0.5**0.5, 0.0, 0.0], rel=1e-6)
     assert dr.tolist() == pytest.approx([0.5, -0.5, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("source, raised", [
+    ("def fn(prompts, responses:\n    return []\n", "SyntaxError: "),
+    ("raise RuntimeError('no API key set')\n", "RuntimeError: no API key set"),
+])
+def test_a_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch, source, raised):
+    (tmp_path / "broken_reward_mod.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError) as err:
+        load_reward_fn("broken_reward_mod:fn", "cost.function")
+    line = str(err.value)
+    assert line.startswith("cost.function 'broken_reward_mod:fn': importing module 'broken_reward_mod' raised " + raised)
+    assert "\n" not in line
