@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import pick_device
-from hflow.engine.groups.worker import WorkerError, resolve
+from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
 from hflow.errors import RunFailed, UserError
 from hflow.trainer.config.recipe import Recipe
