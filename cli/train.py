@@ -18,6 +18,7 @@ from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, 
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.inputs import check_inputs
 from hflow.trainer.control.session import failure_message
+from hflow.trainer.control.stop import is_stop, stop_exit_code, stop_message, stop_signals
 from hflow.trainer.rundir.layout import RECIPE
 from hflow.trainer.rundir.writer import RunDir
 
@@ -40,34 +41,59 @@ def train(
         help="Run the workers on an existing Ray cluster: 'auto' or HOST:PORT. Without it, a local "
         "Ray instance is started when the placement needs the ray backend.")] = None,
 ) -> None:
-    """Train with RECIPE. Writes a run directory (recipe, events.jsonl, checkpoints, log)."""
+    """Train with RECIPE. Writes a run directory (recipe, events.jsonl, checkpoints, log).
+
+    Ctrl-C or SIGTERM stops the run: it is marked failed at its last step, the workers shut down,
+    and the exit code is 130 or 143; `--resume` continues it from its last checkpoint."""
     quiet_libraries()
+    run = None
+    with stop_signals():
+        try:
+            loaded, origin = _recipe(recipe, set_, resume)
+            check_runtime(loaded, origin)
+            algorithm = trainer_for(loaded.algorithm)
+            if loaded.model.init and not Path(loaded.model.path).exists():
+                build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)
+            check_inputs(loaded)  # before a run directory is made for them
+            run = RunDir.reopen(resume, loaded) if resume is not None else RunDir.create(loaded, output_dir)
+            run.ray_address = ray_address
+            typer.echo(f"run directory: {run.path}", err=True)
+            _run(algorithm, loaded, run)
+        except BaseException as err:
+            if not is_stop(err):
+                raise
+            # One line, no traceback (train.log has it): the run can be continued.
+            where = (f" after step {run.read_status().get('step', 0)}; continue with: hflow train --resume "
+                     f"{run.path}") if run else " before the run started"
+            typer.echo(f"error: {stop_message(err)}{where}", err=True)
+            raise typer.Exit(stop_exit_code(err)) from None
+    typer.echo(str(run.path))
+
+
+def _recipe(recipe: Optional[str], set_: list[str], resume: Optional[Path]) -> tuple[Recipe, str]:
+    """The recipe to run and where it came from: the run's own on --resume, else RECIPE."""
     if resume is not None:
         if recipe is not None:
             raise UserError(f"train: --resume {resume} continues with the run's own recipe ({resume / RECIPE}); "
                             f"drop {recipe!r} (what may change on resume goes in --set: {_settable()})")
-        loaded = _resume_recipe(resume, set_)
-        origin = str(resume / RECIPE)
-    elif recipe is None:
+        return _resume_recipe(resume, set_), str(resume / RECIPE)
+    if recipe is None:
         raise UserError("train: give a RECIPE (a file or a shipped name such as grpo/quickstart) or --resume RUN_DIR")
-    else:
-        loaded, path = load_recipe(recipe, set_)
-        origin = str(path)
-    check_runtime(loaded, origin)
-    algorithm = trainer_for(loaded.algorithm)
-    if loaded.model.init and not Path(loaded.model.path).exists():
-        build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)
-    check_inputs(loaded)  # before a run directory is made for them
-    run = RunDir.reopen(resume, loaded) if resume is not None else RunDir.create(loaded, output_dir)
-    run.ray_address = ray_address
-    typer.echo(f"run directory: {run.path}", err=True)
+    loaded, path = load_recipe(recipe, set_)
+    return loaded, str(path)
+
+
+def _run(algorithm, recipe: Recipe, run: RunDir) -> None:
+    """Run the algorithm; however it ends, the run is marked and its directory closed (unlocked)."""
     try:
-        algorithm(loaded, run)
+        algorithm(recipe, run)
     except BaseException as err:
         # The session has marked the run failed already when it was running; this covers the
         # start-up before it (the same line either way).
         run.write_status("failed", run.read_status().get("step", 0), failure_message(err))
-        if not isinstance(err, UserError) or err.__cause__ is not None:
+        if is_stop(err):
+            logging.getLogger("hflow").warning("run stopped: %s\n%s", failure_message(err), traceback.format_exc())
+        elif not isinstance(err, UserError) or err.__cause__ is not None:
             # A bug's traceback, or the user's reward function's (a UserError's cause), for train.log.
             logging.getLogger("hflow").error("run failed:\n%s", traceback.format_exc())
         if isinstance(err, RunFailed):
@@ -77,7 +103,6 @@ def train(
         raise
     finally:
         run.close()
-    typer.echo(str(run.path))
 
 
 def _resume_recipe(run_dir: Path, set_: list[str]) -> Recipe:

@@ -25,6 +25,7 @@ from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.evaluate import Evaluator
 from hflow.trainer.control.nonfinite import SKIPPED, check_update, finite, nonfinite_problem, scorer_name
 from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
+from hflow.trainer.control.stop import is_stop, stop_message
 from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.losses import kl_estimate, masked_mean
 from hflow.trainer.report.progress import Progress
@@ -64,8 +65,8 @@ class Session:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        """Whatever ends the run early (an error, Ctrl-C, a lost worker) marks it failed, closes
-        the progress display and the wandb run, and the worker groups always shut down."""
+        """Whatever ends the run early (an error, Ctrl-C or SIGTERM, a lost worker) marks it failed,
+        closes the progress display and the wandb run, and the worker groups always shut down."""
         try:
             if exc is not None and not self._closed:
                 self.fail(self._last_step, failure_message(exc))
@@ -256,9 +257,10 @@ class Session:
 
 def failure_message(err: BaseException) -> str:
     """The one line status.json keeps for an error: a user's or a worker's as it is written,
-    Ctrl-C as `interrupted`, anything else with its type."""
-    if isinstance(err, KeyboardInterrupt):
-        return "interrupted"
+    Ctrl-C as `interrupted`, SIGTERM as `terminated (SIGTERM)` (`stop.py`), anything else with
+    its type."""
+    if is_stop(err):
+        return stop_message(err)
     if isinstance(err, (UserError, RunFailed)):  # a worker's error is a RunFailed
         return str(err)
     return f"{type(err).__name__}: {err}"

@@ -7,14 +7,16 @@
       samples.jsonl   a few sampled generations per step
       plan.json       the placement: pools, the roles on each, their ranks
       train.log       the log
+      run.lock        held (flock) by the live `hflow train` writing the run; the kernel drops it
+                      when that process ends, even by kill -9. It holds that process's pid and host.
       checkpoints/step_000010/   complete checkpoints only: trainer_state.json, then COMPLETE
                                  last (see `RunDir.commit_checkpoint`)
       final/          the trained actor as a Hugging Face model directory
 
-`writer.py` writes it (`checkpoints.py` verifies a checkpoint before a resume uses it);
-`read.py`, `watcher.py` and the CLI read it, while it is being
-written. Nothing secret is written here: the recipe holds no tokens, and the environment
-is never copied.
+`writer.py` writes it, one process at a time (the lock; `checkpoints.py` verifies a checkpoint
+before a resume uses it); `read.py`, `watcher.py` and the CLI read it, while it is being written,
+without the lock. Nothing secret is written here: the recipe holds no tokens, and the
+environment is never copied.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ EVENTS = "events.jsonl"
 SAMPLES = "samples.jsonl"
 PLAN = "plan.json"
 LOG = "train.log"
+LOCK = "run.lock"
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
 

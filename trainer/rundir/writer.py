@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -21,6 +23,7 @@ from hflow.trainer.rundir.layout import (
     CHECKPOINTS,
     COMPLETE,
     EVENTS,
+    LOCK,
     LOG,
     PLAN,
     RECIPE,
@@ -46,6 +49,7 @@ class RunDir:
         self.checkpoints = path / CHECKPOINTS
         self.started = time.time()
         self.ray_address: str | None = None  # an existing Ray cluster to run the workers on
+        self._lock_fd: int | None = None
 
     # --- creating and reopening ---------------------------------------------------
 
@@ -62,14 +66,17 @@ class RunDir:
             (path / CHECKPOINTS).mkdir(parents=True)
         except OSError as err:
             raise UserError(f"--output-dir {root}: cannot create the run directory ({err.strerror})") from None
-        (path / RECIPE).write_text(dump_recipe(recipe))
         run = cls(path, recipe)
+        run._lock()
+        (path / RECIPE).write_text(dump_recipe(recipe))
         run._attach_log()
         return run
 
     @classmethod
     def reopen(cls, path: Path, recipe: Recipe) -> "RunDir":
+        """The run at `path`, to continue it: locked before anything in it is written."""
         run = cls(path, recipe)
+        run._lock()
         status = run.read_status()
         if status.get("started"):
             run.started = status["started"]
@@ -84,9 +91,46 @@ class RunDir:
         root.addHandler(handler)
         self._handler = handler
 
+    def _lock(self) -> None:
+        """Hold `run.lock` (flock) until `close`, or until this process ends however it ends: the
+        kernel drops the lock then, so a crash leaves no stale lock. A second process that wants
+        to write the run stops here with a UserError naming the holder."""
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(f"--resume {self.path}: the run is still running ({self._holder()} holds its "
+                            f"{LOCK}); wait for it to end, or stop it with kill -TERM (it keeps its last "
+                            "checkpoint) and resume then") from None
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            os.close(fd)
+            logging.getLogger("hflow").warning("%s: no file locks on this filesystem (%s); nothing stops a "
+                                               "second process writing this run", self.path, err.strerror)
+            return
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "hostname": socket.gethostname()}).encode())
+        self._lock_fd = fd
+
+    def _holder(self) -> str:
+        """`pid N on HOST` of the process holding the lock: from the lock file, else status.json."""
+        try:
+            holder = json.loads((self.path / LOCK).read_text())
+        except (OSError, json.JSONDecodeError):
+            holder = {}
+        holder = holder if isinstance(holder, dict) and holder.get("pid") else self.read_status()
+        if not holder.get("pid"):
+            return "another process"
+        return f"pid {holder['pid']} on {holder.get('hostname') or 'an unknown host'}"
+
     def close(self) -> None:
         logging.getLogger("hflow").removeHandler(self._handler)
         self._handler.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the lock
+            self._lock_fd = None
 
     # --- status and events --------------------------------------------------------
 

@@ -1,0 +1,97 @@
+"""Faults from outside a live run: a second `hflow train --resume` of it, and SIGTERM (what
+`timeout`, `docker stop`, Kubernetes and Slurm send), on the local and the Ray backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import assert_one_line_error, read_events, run_hflow, write_recipe
+
+CRASH_TEXT = ("Traceback", "Stack", "SIGTERM received", "Fatal Python error", "core dumped", "Aborted")
+
+
+def _start(recipe: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "hflow", "train", str(recipe)], env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _running(runs: Path, proc: subprocess.Popen, timeout: float = 240) -> Path:
+    """The run directory once its status says running with at least one step done."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        for status_file in runs.glob("*/status.json"):
+            try:
+                status = json.loads(status_file.read_text())
+            except ValueError:
+                continue  # replaced while read
+            if status["status"] == "running" and status["step"] >= 1:
+                return status_file.parent
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"no step within {timeout} s: {proc.communicate()[1][-3000:]}")
+
+
+def _terminate(proc: subprocess.Popen, run: Path) -> tuple[str, dict]:
+    """SIGTERM the run; check it stopped as a signal stop should. Returns its stderr and status."""
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 143, stderr[-3000:]
+    for text in CRASH_TEXT:
+        assert text not in stderr, stderr[-3000:]
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "failed" and status["error"] == "terminated (SIGTERM)", status
+    last = stderr.strip().splitlines()[-1]
+    assert last == (f"error: terminated (SIGTERM) after step {status['step']}; continue with: "
+                    f"hflow train --resume {run}"), stderr[-3000:]
+    steps = [e["step"] for e in read_events(run)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= status["step"]
+    complete = sorted(run.glob("checkpoints/step_*/COMPLETE"))
+    assert complete and int(complete[-1].read_text()) >= status["step"]  # nothing lost
+    return stderr, status
+
+
+@pytest.mark.slow
+def test_a_live_run_refuses_resume_and_stops_cleanly_on_sigterm(tmp_path, tiny_model):
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model,
+                          trainer={"total_steps": 1000, "save_every": 1, "output_dir": str(tmp_path / "runs")})
+    proc = _start(recipe)
+    try:
+        run = _running(tmp_path / "runs", proc)
+        second = run_hflow("train", "--resume", str(run))
+        assert_one_line_error(second, f"--resume {run}", "still running",
+                              f"pid {proc.pid} on {socket.gethostname()}", "run.lock", "kill -TERM")
+        assert json.loads((run / "status.json").read_text())["pid"] == proc.pid  # the refused one wrote nothing
+        _, status = _terminate(proc, run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    total = status["step"] + 2
+    resumed = run_hflow("train", "--resume", str(run), "--set", f"trainer.total_steps={total}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [e["step"] for e in read_events(run)] == list(range(1, total + 1))
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_sigterm_on_the_ray_backend_stops_without_a_stack_dump(tmp_path, tiny_model):
+    pytest.importorskip("ray")
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model, cluster={"cpu_slots": 2},
+                          placement={"backend": "ray", "mode": "split"},
+                          trainer={"total_steps": 1000, "save_every": 1, "output_dir": str(tmp_path / "runs")})
+    proc = _start(recipe, env={"RAY_AUTH_MODE": "disabled"})
+    try:
+        run = _running(tmp_path / "runs", proc)
+        _terminate(proc, run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,57 @@
+"""Stopping a run from outside: Ctrl-C (SIGINT) and SIGTERM take one path.
+
+SIGTERM is what `timeout`, `docker stop`, Kubernetes and Slurm send before they kill. Left
+to Python's default it ends the process on the spot: no status, no log, workers orphaned.
+`stop_signals()` turns it into a `Terminated` exception in the main thread, as Python
+already turns SIGINT into KeyboardInterrupt, so both unwind the same way: the session
+marks the run failed at its last step, the worker groups (and Ray) shut down, the last
+complete checkpoint stays as it is, and `hflow train` exits 128 + the signal's number
+(130, 143), the shell's convention for a process ended by a signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+
+
+class Terminated(BaseException):
+    """A stop signal other than SIGINT arrived. Not an Exception, like KeyboardInterrupt:
+    no `except Exception` on the way may swallow it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """Within the block, SIGTERM raises `Terminated`; the previous handler comes back after it.
+    Call from the main thread (only it receives Python signal handlers)."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def is_stop(err: BaseException) -> bool:
+    """Whether `err` is a stop from outside (Ctrl-C or a signal), not a failure of the run."""
+    return isinstance(err, (KeyboardInterrupt, Terminated))
+
+
+def stop_message(err: BaseException) -> str:
+    """The one line for a stop: `interrupted` for Ctrl-C, `terminated (SIGTERM)` for a signal."""
+    if isinstance(err, Terminated):
+        return f"terminated ({signal.Signals(err.signum).name})"
+    return "interrupted"
+
+
+def stop_exit_code(err: BaseException) -> int:
+    """128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM."""
+    return 128 + (err.signum if isinstance(err, Terminated) else signal.SIGINT)
