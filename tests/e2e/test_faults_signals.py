@@ -56,7 +56,7 @@ def _terminate(proc: subprocess.Popen, run: Path) -> tuple[str, dict]:
     steps = [e["step"] for e in read_events(run)]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= status["step"]
     complete = sorted(run.glob("checkpoints/step_*/COMPLETE"))
-    assert complete and int(complete[-1].read_text()) >= status["step"]  # nothing lost
+    assert complete and json.loads(complete[-1].read_text())["step"] >= status["step"]  # nothing lost
     return stderr, status
 
 
