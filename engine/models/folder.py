@@ -3,18 +3,15 @@
 Loading a broken folder fails deep inside transformers or safetensors, in a worker, after
 the run directory exists: an empty folder is reported as a sentencepiece problem, a
 truncated weight file as a Rust panic. `folder_problem` reads only small files and the
-safetensors headers (no tensor is loaded) and says in words what is wrong.
-
-The safetensors layout (https://huggingface.co/docs/safetensors, "Format"): 8 bytes, a
-little-endian u64 N; N bytes of JSON mapping each tensor name to its dtype, shape and
-`data_offsets` [begin, end) into the data that follows; the file ends where the last
-tensor's data ends.
+safetensors headers (`safetensors_header.py`; no tensor is loaded) and says in words what is wrong.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from hflow.engine.models.safetensors_header import read_layout
 
 ACCEPTED = ("a Hugging Face model folder: config.json with a model_type, tokenizer.json (or tokenizer_config.json "
             "with its vocabulary files), and model.safetensors, sharded *.safetensors with "
@@ -94,24 +91,18 @@ def _bin_problem(path: Path) -> str | None:
 
 def safetensors_problem(path: Path) -> str | None:
     """What is wrong with the safetensors file `path` by its header and length, or None."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            return f"has a {path.name} of {size} bytes, cut short before its 8-byte header length"
-        length = int.from_bytes(head, "little")
-        if length > MAX_HEADER:
-            return f"has a {path.name} that is not a safetensors file (header length {length})"
-        if 8 + length > size:
-            return f"has a {path.name} cut short: {size} bytes, less than its {8 + length}-byte header"
-        try:
-            header = json.loads(f.read(length))
-            want = 8 + length + max((int(entry["data_offsets"][1]) for key, entry in header.items()
-                                     if key != "__metadata__"), default=0)
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
-            return f"has a {path.name} whose header is not safetensors JSON"
-    if size < want:
-        return f"has a {path.name} cut short: {size} bytes where its header says {want}"
-    if size > want:
-        return f"has a {path.name} of {size} bytes where its header says {want}"
+    layout = read_layout(path)
+    size, length = layout.size, layout.header_end - 8
+    if size < 8:
+        return f"has a {path.name} of {size} bytes, cut short before its 8-byte header length"
+    if length > MAX_HEADER:
+        return f"has a {path.name} that is not a safetensors file (header length {length})"
+    if layout.header_end > size:
+        return f"has a {path.name} cut short: {size} bytes, less than its {layout.header_end}-byte header"
+    if layout.data_end is None:
+        return f"has a {path.name} whose header is not safetensors JSON"
+    if size < layout.data_end:
+        return f"has a {path.name} cut short: {size} bytes where its header says {layout.data_end}"
+    if size > layout.data_end:
+        return f"has a {path.name} of {size} bytes where its header says {layout.data_end}"
     return None

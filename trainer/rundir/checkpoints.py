@@ -8,10 +8,8 @@ costs minutes, so the check reads only what proves each file whole:
 - the COMPLETE marker lists every file's size at commit (`manifest`): a missing file, or one
   of another size, is found whatever its format;
 - a JSON file parses;
-- a safetensors file's header parses and the file is as long as the header says. The format
-  (https://github.com/huggingface/safetensors#format): an 8-byte little-endian header length N,
-  N bytes of JSON mapping each tensor to its `data_offsets` [begin, end) in the data that
-  follows (plus an optional `__metadata__`), then the data.
+- a safetensors file's header parses and the file is as long as the header says
+  (`engine/models/safetensors_header.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hflow.engine.models.safetensors_header import read_layout
 from hflow.trainer.rundir.layout import COMPLETE, TRAINER_STATE
 
 
@@ -89,20 +88,15 @@ def _check_json(path: Path) -> str | None:
 
 
 def _check_safetensors(path: Path) -> str | None:
-    size = path.stat().st_size
     try:
-        with open(path, "rb") as f:
-            length = int.from_bytes(f.read(8), "little")
-            if size < 8 or 8 + length > size:
-                return f"is truncated ({_bytes(size)}; its header alone needs {_bytes(8 + length)})"
-            header = json.loads(f.read(length))
-        ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
-    except (OSError, ValueError) as err:
+        layout = read_layout(path)
+    except OSError as err:
         return f"has an unreadable header ({_why(err)})"
-    except (AttributeError, KeyError, TypeError, IndexError):
-        return "has a malformed header (a tensor without data_offsets)"
-    want = 8 + length + max(ends, default=0)
-    return None if size == want else _size_problem(size, want)
+    if layout.size < 8 or layout.header_end > layout.size:
+        return f"is truncated ({_bytes(layout.size)}; its header alone needs {_bytes(layout.header_end)})"
+    if layout.data_end is None:
+        return f"has an unreadable header ({layout.unreadable})"
+    return None if layout.size == layout.data_end else _size_problem(layout.size, layout.data_end)
 
 
 def _size_problem(size: int, want: int) -> str:
