@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parent.parent
 from fake_runs import event_line, run_factory  # noqa: E402,F401  (fixtures for the monitor and run readers)
 
 
+def pytest_terminal_summary(terminalreporter):
+    from helpers import BAD_INPUTS
+
+    if BAD_INPUTS["tried"]:
+        terminalreporter.write_line(f"bad inputs run through hflow: {BAD_INPUTS['tried']}, answered with one "
+                                    f"clean line and exit 2: {BAD_INPUTS['clean']}")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -52,15 +52,20 @@ def assert_same_adam_step(got: dict, want: dict, lr: float, close: float = 1e-4)
         assert int((diff > close).sum()) <= max(1, diff.numel() // 1000), f"{name}: many elements differ"
 
 
+BAD_INPUTS = {"tried": 0, "clean": 0}  # counted over the session; conftest prints them
+
+
 def assert_one_line_error(result, *needles: str) -> None:
     """A user mistake's answer: exit code 2, one `error: ...` line on stderr holding every
     needle, no traceback."""
+    BAD_INPUTS["tried"] += 1
     assert result.returncode == 2, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert "Traceback" not in result.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
+    BAD_INPUTS["clean"] += 1
 
 
 def read_events(run: Path) -> list[dict]:

@@ -54,8 +54,43 @@ def ensure_process_group(device: torch.device, rank: int = 0, world_size: int = 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local))
     import deepspeed
 
+    if device.type == "cpu":
+        build_cpu_comm_op()
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
                                verbose=False)
+
+
+def build_cpu_comm_op() -> None:
+    """Compile (or load) DeepSpeed's shared-memory communication op, which its CPU backend
+    builds on first use, so that a killed process cannot hang later runs.
+
+    torch compiles such ops under a lock *file* in the op's build folder and every later
+    process waits, forever and silently, while that file exists, so a process killed inside
+    the build (kill -9, or a Ray worker ending with its driver) would hang every run after it.
+    hflow's processes build inside a kernel lock (flock; the kernel releases it when its holder
+    dies, even by kill -9): whoever holds it knows that a lock file left there belongs to a
+    dead process and removes it. DeepSpeed keeps the loaded op, so its own load later does
+    not build again."""
+    import fcntl
+
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    from torch.utils.cpp_extension import _get_build_directory
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return
+    folder = _get_build_directory(builder.NAME, verbose=False)
+    with open(os.path.join(folder, "hflow.flock"), "a+") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            stale = os.path.join(folder, "lock")
+            if os.path.exists(stale):
+                logging.getLogger(__name__).warning("removed %s, left by a process killed while building", stale)
+                os.remove(stale)
+            builder.load(verbose=False)
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
 
 
 def peak_memory_bytes(device: torch.device) -> int:

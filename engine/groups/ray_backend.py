@@ -126,6 +126,8 @@ class Part:
     rank: int
     handle: Any = None  # the fused worker that produced it; None for the controller's
     local: Batch | None = None
+    call: str = ""  # the worker method that produces it, for the watchdog's line
+    timeout_s: float | None = None  # how long the controller waits for it (the watchdog)
 
 
 def _controller_parts(batch: Batch, world: int) -> list[Part]:
@@ -153,7 +155,7 @@ class Future:
 
     def get(self) -> Any:
         if self._value is None:
-            per_rank = [[p.local if p.local is not None else _get(p.ref, p.role, p.rank) for p in rank_parts]
+            per_rank = [[p.local if p.local is not None else _get_part(p) for p in rank_parts]
                         for rank_parts in self.parts]
             if isinstance(per_rank[0][0], Batch):
                 self._value = Batch.concat(_union_all(p) for p in per_rank)
@@ -217,23 +219,33 @@ class Future:
 
 
 def _read(group: list[Part], ref) -> Batch:
+    first = group[0]
     try:
-        return _get(ref, group[0].role, group[0].rank)
+        return _get(ref, first.role, first.rank, f"{first.call} (reading its result)", first.timeout_s)
     except WorkerError:
         for part in group:  # name the piece that failed, not the first of the group
-            _get(part.ref, part.role, part.rank)
+            _get_part(part)
         raise
+
+
+def _get_part(part: Part):
+    return _get(part.ref, part.role, part.rank, part.call, part.timeout_s)
 
 
 def _as_future(batch: Batch, world: int) -> Future:
     return Future([[part] for part in _controller_parts(batch, world)], Dispatch.DP_COMPUTE.collect)
 
 
-def _get(ref, role: str, rank: int):
+def _get(ref, role: str, rank: int, call: str = "", timeout_s: float | None = None):
+    """The value of one worker call. A worker that raised, died, or (the watchdog) gave no answer
+    within `timeout_s` becomes a WorkerError naming its role, rank and call."""
     ray = _ray()
     died = "its process died (killed, crashed or out of memory)"
     try:
-        return ray.get(ref)
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise WorkerError(role, rank, f"no answer to {call or 'a call'} within {timeout_s:g} s "
+                          "(trainer.worker_timeout_s): the process is stalled or the call hangs") from None
     except ray.exceptions.RayTaskError as err:
         cause = err.cause if getattr(err, "cause", None) is not None else err
         if isinstance(cause, ray.exceptions.RayActorError):
@@ -282,21 +294,22 @@ class RayWorkerGroup(WorkerGroup):
         per_rank = self._split(protocol, args, kwargs)
         stage = self.cluster.stage
         refs = [h.call.remote(self.role, name, a, kw, stage) for h, (a, kw) in zip(self.handles, per_rank)]
-        future = Future([[Part(ref, self.role, rank, handle)] for rank, (ref, handle) in
-                         enumerate(zip(refs, self.handles))], protocol.collect)
+        parts = [Part(ref, self.role, rank, handle, call=name, timeout_s=self.cluster.worker_timeout_s)
+                 for rank, (ref, handle) in enumerate(zip(refs, self.handles))]
         if protocol is Dispatch.DP_COMPUTE:
-            self.cluster.in_flight.extend((ref, self.role, rank) for rank, ref in enumerate(refs))
-            return future
+            self.cluster.in_flight.extend(parts)
+            return Future([[part] for part in parts], protocol.collect)
         # Control calls (initialise, save) complete before the controller goes on.
-        return protocol.collect([_get(ref, self.role, rank) for rank, ref in enumerate(refs)])
+        return protocol.collect([_get_part(part) for part in parts])
 
 
 class RayCluster:
     """Ray for one run: connects (or starts a local instance), places pools, spawns workers."""
 
-    def __init__(self, address: str | None, num_cpus: int | None = None):
+    def __init__(self, address: str | None, num_cpus: int | None = None, worker_timeout_s: float | None = None):
         ray = _ray()
         self.started = False
+        self.worker_timeout_s = worker_timeout_s  # the watchdog: longest wait for one worker call
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             if address:
@@ -307,7 +320,7 @@ class RayCluster:
                 self.started = True
         self.placement_groups = []
         self.handles: list = []
-        self.in_flight: list[tuple[Any, str, int]] = []
+        self.in_flight: list[Part] = []
         self.stage: str | None = None  # the controller's current stage, tagged onto each call
 
     def spawn_pool(self, pool: ResourcePool, use_gpu: bool) -> list:
@@ -340,14 +353,15 @@ class RayCluster:
         refs = [h.add_role.remote(role, worker_cls, "cuda" if "cuda" in pool.devices[r] else "cpu", args, kwargs)
                 for r, h in enumerate(handles)]
         for rank, ref in enumerate(refs):
-            _get(ref, role, rank)
+            _get(ref, role, rank, "init (building the worker)", self.worker_timeout_s)
         return RayWorkerGroup(role, pool, worker_cls, handles, self)
 
     def stage_seconds(self) -> dict[str, float]:
         """Per stage, the longest time any worker process spent in it since the last call."""
-        ray = _ray()
         merged: dict[str, float] = {}
-        for seconds in ray.get([h.pop_stage_seconds.remote() for h in self.handles]):
+        refs = [h.pop_stage_seconds.remote() for h in self.handles]
+        for seconds in (_get(ref, "worker process", i, "pop_stage_seconds", self.worker_timeout_s)
+                        for i, ref in enumerate(refs)):
             for stage, value in seconds.items():
                 merged[stage] = max(merged.get(stage, 0.0), value)
         return merged
@@ -355,8 +369,8 @@ class RayCluster:
     def settle(self) -> None:
         """Wait for every call in flight; a worker's failure surfaces here as a WorkerError."""
         in_flight, self.in_flight = self.in_flight, []
-        for ref, role, rank in in_flight:
-            _get(ref, role, rank)
+        for part in in_flight:
+            _get_part(part)
 
     def shutdown(self) -> None:
         """Stop this run's workers and free their slots; stop Ray too if this run started it."""

@@ -91,7 +91,48 @@ def test_sigterm_on_the_ray_backend_stops_without_a_stack_dump(tmp_path, tiny_mo
     proc = _start(recipe, env={"RAY_AUTH_MODE": "disabled"})
     try:
         run = _running(tmp_path / "runs", proc)
+        family = _family(proc)
         _terminate(proc, run)
     finally:
         if proc.poll() is None:
             proc.kill()
+    _gone(family, within_s=30)  # Ray's processes stopped with the run
+
+
+@pytest.mark.slow
+def test_kill_9_on_the_ray_backend_leaves_no_ray_process_and_resumes(tmp_path, tiny_model):
+    """kill -9 of hflow: Ray's processes end by Ray's own fate-sharing (the GCS, raylet and
+    workers at once; its two agents about a minute later, see the README), and the run resumes
+    with every step once."""
+    pytest.importorskip("ray")
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model, cluster={"cpu_slots": 2},
+                          placement={"backend": "ray", "mode": "split"},
+                          trainer={"total_steps": 1000, "save_every": 1, "output_dir": str(tmp_path / "runs")})
+    proc = _start(recipe, env={"RAY_AUTH_MODE": "disabled"})
+    try:
+        run = _running(tmp_path / "runs", proc)
+        family = _family(proc)
+        assert {"raylet", "gcs_server"} <= {p.name() for p in family}, [p.name() for p in family]
+    finally:
+        proc.kill()
+        proc.communicate()
+    done = json.loads((run / "status.json").read_text())["step"]
+    resumed = run_hflow("train", "--resume", str(run), "--set", f"trainer.total_steps={done + 2}",
+                        env={"RAY_AUTH_MODE": "disabled"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [e["step"] for e in read_events(run)] == list(range(1, done + 3))
+    _gone(family, within_s=120)
+
+
+def _family(proc: subprocess.Popen) -> list:
+    """Every process the run started (Ray's GCS, raylet, agents and workers)."""
+    psutil = pytest.importorskip("psutil")
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def _gone(processes: list, within_s: float) -> None:
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=within_s)
+    assert not alive, [(p.pid, p.name()) for p in alive]
+

@@ -260,6 +260,14 @@ class TrainerConfig(Section):
         "has no update (actor and critics) and is logged with the finite rows' metrics and the running "
         "count `nonfinite/skipped_steps`. A non-finite loss or gradient norm always stops the run.",
     )
+    worker_timeout_s: float | None = Field(
+        1800.0, gt=0,
+        description="The watchdog (ray backend): the longest the controller waits for one worker call (a "
+        "rollout, a scoring pass, an update, a save). A call with no answer by then ends the run with one "
+        "line naming the role, rank and call (exit 1, status failed, the last checkpoint intact). Raise it "
+        "for very large models; null: wait forever. The local backend runs its calls in the hflow process "
+        "itself (Ctrl+C stops them).",
+    )
 
 
 class EvalConfig(Section):

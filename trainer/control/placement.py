@@ -180,7 +180,8 @@ def _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan)
     for name, size in sizes.items():
         pools.append(ResourcePool(name, [f"{kind}:{offset + i}" for i in range(size)]))
         offset += size
-    cluster = RayCluster(ray_address, num_cpus=None if kind == "cuda" else max(offset, recipe.cluster.cpu_slots))
+    cluster = RayCluster(ray_address, num_cpus=None if kind == "cuda" else max(offset, recipe.cluster.cpu_slots),
+                         worker_timeout_s=recipe.trainer.worker_timeout_s)
     try:
         handles = {p.name: cluster.spawn_pool(p, use_gpu=kind == "cuda") for p in pools}
         by_name = {p.name: p for p in pools}

@@ -199,3 +199,29 @@ def test_placement_auto_on_cpu_slots_trains_data_parallel(ray_cluster, tiny_mode
     assert plan["backend"] == "ray" and "auto_mapper" in plan
     assert sum(len(p["devices"]) for p in plan["pools"]) <= 2
     assert len(events) == 3 and all(e["response_length/mean"] > 0 for e in events)
+
+
+def test_the_watchdog_names_a_stalled_worker_and_its_process_ends(ray_cluster):
+    """A worker process stopped with SIGSTOP answers nothing: after worker_timeout_s the call
+    raises a WorkerError naming the role, rank and call, and shutting the group down ends
+    the stopped process."""
+    psutil = pytest.importorskip("psutil")
+    from faulty_workers import StallingWorker
+
+    from hflow.engine.groups.ray_backend import RayCluster
+    from hflow.engine.groups.worker import ResourcePool, WorkerError
+
+    cluster = RayCluster(None, worker_timeout_s=3)
+    pool = ResourcePool("stall", ["cpu:0"])
+    try:
+        group = cluster.add_role(cluster.spawn_pool(pool, use_gpu=False), "reward", StallingWorker, pool)
+        process = psutil.Process(group.pid())
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"^reward worker rank 0 failed: no answer to stall within 3 s "
+                                              r"\(trainer\.worker_timeout_s\)"):
+            group.stall()
+        assert 3 <= time.monotonic() - start < 30
+        assert process.status() == psutil.STATUS_STOPPED
+    finally:
+        cluster.shutdown()
+    process.wait(timeout=30)  # raises if the stopped process outlives the group
