@@ -79,3 +79,12 @@ def test_no_inputs_checks_the_recipe_alone(tmp_path, tiny_model):
     path = write_recipe(tmp_path / "r.yaml", tiny_model, data={"train": str(tmp_path / "later.jsonl")})
     result = run_hflow("validate", "--no-inputs", str(path))
     assert result.returncode == 0 and result.stdout.startswith("ok: "), result.stderr
+
+
+def test_a_reward_model_not_built_yet_is_named_before_any_download(tmp_path, tiny_model):
+    """`models/tiny-reward-digits` before `hflow init-model` made it: `models/` is a folder here,
+    so the path is local, not a hub id to retry against an unreachable hub."""
+    (tmp_path / "models").mkdir()
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model, reward={"model": "models/tiny-reward-digits"})
+    result = run_hflow("validate", str(recipe), cwd=tmp_path)
+    assert_one_line_error(result, "reward.model", "models/tiny-reward-digits", "does not exist", "init-model")
