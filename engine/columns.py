@@ -59,6 +59,9 @@ REF_LOG_PROBS = "ref_log_probs"
 SCORES = "scores"
 """(N,) float: the reward of each response (a reward model's score or a function's)."""
 
+OVERLONG_PENALTY = "overlong_penalty"
+"""(N,) float: DAPO's overlong penalty (<= 0), already added to `SCORES` (`trainer/dapo.py`)."""
+
 COSTS = "costs"
 """(N,) float: Safe-RLHF's cost of each response (positive = unsafe)."""
 

@@ -40,6 +40,80 @@ def grpo(scores: torch.Tensor, group_ids: Sequence[Hashable], eps: float = 1e-6,
     return advantages
 
 
+def _group_rows(group_ids: Sequence[Hashable], count: int) -> list[list[int]]:
+    if len(group_ids) != count:
+        raise ValueError(f"need one group id per row; got {len(group_ids)} ids for {count} rows")
+    index: dict[Hashable, list[int]] = {}
+    for row, gid in enumerate(group_ids):
+        index.setdefault(gid, []).append(row)
+    return list(index.values())
+
+
+def rloo(scores: torch.Tensor, group_ids: Sequence[Hashable]) -> torch.Tensor:
+    """REINFORCE Leave-One-Out (Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740, eq. 9;
+    Kool et al. 2019).
+
+    scores: (N,) one reward per sequence; group_ids: N ids, equal for the k samples of one
+    prompt. Returns (N,): each score minus the mean of the OTHER k - 1 scores of its group,
+        A_i = r_i - 1/(k-1) sum_{j != i} r_j  =  k/(k-1) * (r_i - mean_group(r))
+    A group of one has no other sample to compare with: it is an error (ValueError), since
+    a baseline of 0 would silently turn RLOO into plain REINFORCE for that prompt.
+    """
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be (N,); got {tuple(scores.shape)}")
+    advantages = torch.empty_like(scores, dtype=torch.float32)
+    for rows in _group_rows(group_ids, scores.shape[0]):
+        if len(rows) < 2:
+            raise ValueError(f"RLOO needs at least 2 samples per prompt; group {group_ids[rows[0]]!r} has 1")
+        group = scores[rows].float()
+        others_mean = (group.sum() - group) / (len(rows) - 1)
+        advantages[rows] = group - others_mean
+    return advantages
+
+
+def reinforce_plus_plus(token_rewards: torch.Tensor, mask: torch.Tensor,
+                        gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262, Sec. 3): reward-to-go, whitened over the batch.
+
+    token_rewards, mask: (B, T); the token rewards carry the per-token KL penalty and the
+    score on the last response token (`token_rewards`). Per sequence, from the end:
+        returns_t    = r_t + gamma * returns_{t+1}              (masked tokens are skipped)
+        advantages   = whiten(returns) over every response token of the batch
+    Returns (advantages, returns), both (B, T), zero where `mask` is 0. No critic, no
+    per-prompt baseline: the batch-wide normalisation is the baseline.
+    """
+    mask = mask.to(torch.float32)
+    rewards = token_rewards.float() * mask
+    returns = torch.zeros_like(mask)
+    running = torch.zeros(len(mask))
+    for t in reversed(range(mask.shape[1])):
+        m = mask[:, t]
+        running = m * (rewards[:, t] + gamma * running) + (1 - m) * running
+        returns[:, t] = running * m
+    return whiten(returns, mask), returns
+
+
+def reinforce_plus_plus_baseline(scores: torch.Tensor, group_ids: Sequence[Hashable],
+                                 mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262, v3+, Sec. 3.2; OpenRLHF's
+    `reinforce_baseline`): the prompt's mean reward as baseline, then batch normalisation.
+
+    scores: (B,); group_ids: B ids (the samples of one prompt share one); mask: (B, T).
+    Returns (B, T): (score - group mean) on every response token of the row, whitened
+    over all response tokens of the batch; 0 where `mask` is 0. A group of one is
+    centred on itself (advantage 0 before whitening). The KL is not in these advantages:
+    REINFORCE++-baseline adds it to the loss (the `k2` estimator in the paper).
+    """
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be (B,); got {tuple(scores.shape)}")
+    centred = torch.empty_like(scores, dtype=torch.float32)
+    for rows in _group_rows(group_ids, scores.shape[0]):
+        group = scores[rows].float()
+        centred[rows] = group - group.mean()
+    mask = mask.to(torch.float32)
+    return whiten(centred[:, None] * mask, mask)
+
+
 def token_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None,
                   kl_coef: float = 0.0) -> torch.Tensor:
     """Per-token rewards from one score per sequence and an optional per-token KL penalty.

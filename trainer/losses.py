@@ -5,11 +5,15 @@ workers that compute them run inside the engine, which never imports the trainer
 """
 
 from hflow.engine.training.losses import (  # noqa: F401  (the public API)
+    LOSS_AGG_MODES,
+    aggregate,
     explained_variance,
+    gspo_policy_loss,
     kl_estimate,
     masked_mean,
     ppo_policy_loss,
     value_loss,
 )
 
-__all__ = ["explained_variance", "kl_estimate", "masked_mean", "ppo_policy_loss", "value_loss"]
+__all__ = ["LOSS_AGG_MODES", "aggregate", "explained_variance", "gspo_policy_loss", "kl_estimate", "masked_mean",
+           "ppo_policy_loss", "value_loss"]

@@ -1,8 +1,9 @@
-"""Policy losses and KL estimators: pure functions on (B, T) token tensors.
+"""Policy losses, the loss aggregation switch and KL estimators: pure functions on (B, T) tensors.
 
-`mask` is 1 on response tokens and 0 on padding. Losses are token-means over the
-mask unless `normalizer` is given: then the masked sum is divided by it, which is how
-the update makes the mean span a whole mini-batch split into micro-batches and ranks.
+`mask` is 1 on response tokens and 0 on padding. Every loss reduces its per-token values
+with `aggregate` (default `token-mean`); `normalizer` replaces the local count it divides
+by, which is how the update makes the mean span a whole mini-batch split into
+micro-batches and ranks.
 """
 
 from __future__ import annotations
@@ -14,20 +15,52 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-def _reduce(values: torch.Tensor, mask: torch.Tensor, normalizer: float | None) -> torch.Tensor:
-    if normalizer is None:
-        return masked_mean(values, mask)
-    return (values * mask).sum() / normalizer
+# The loss aggregation modes, as verl names them (`actor.loss_agg_mode`); see `aggregate`.
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
+              normalizer: float | None = None, horizon: int | None = None) -> torch.Tensor:
+    """One scalar loss from per-token losses (B, T) and the response mask (B, T).
+
+    token-mean               sum_{i,t} m*x / sum_{i,t} m        every token weighs the same (DAPO,
+                             Yu et al. 2025, arXiv 2503.14476, eq. 12; hflow's default)
+    seq-mean-token-mean      1/B' sum_i (sum_t m*x / sum_t m)   each sequence weighs the same
+                             (the original GRPO, Shao et al. 2024, arXiv 2402.03300, eq. 3)
+    seq-mean-token-sum       1/B' sum_i sum_t m*x
+    seq-mean-token-sum-norm  1/B' sum_i sum_t m*x / horizon     a constant divisor, no length bias
+                             (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783, Sec. 3.1)
+    B' counts the sequences with at least one response token. `normalizer` replaces the
+    divisor: the response tokens (token-mean) or the sequences (seq-mean-*) of the whole
+    mini-batch, per rank. `horizon` is the maximum response length (default T, the
+    mask's width, which is only constant when the batch is padded to it).
+    """
+    if mode == "token-mean":
+        total = (per_token * mask).sum()
+        return total / normalizer if normalizer is not None else total / mask.sum().clamp(min=1)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss aggregation {mode!r}; accepted: {', '.join(LOSS_AGG_MODES)}")
+    token_sums = (per_token * mask).sum(-1)
+    lengths = mask.sum(-1)
+    if mode == "seq-mean-token-mean":
+        per_sequence = token_sums / lengths.clamp(min=1)
+    elif mode == "seq-mean-token-sum":
+        per_sequence = token_sums
+    else:
+        per_sequence = token_sums / (horizon or mask.shape[-1])
+    sequences = normalizer if normalizer is not None else (lengths > 0).sum().clamp(min=1)
+    return per_sequence.sum() / sequences
 
 
 def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                     mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
-                    normalizer: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                    normalizer: float | None = None, mode: str = "token-mean",
+                    horizon: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate (Schulman et al. 2017, arXiv 1707.06347, eq. 7), negated.
 
     All inputs (B, T); `advantages` may also be (B,) and is then broadcast over tokens.
-    Per token: max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)), r = exp(logp - old).
-    Returns the loss and metrics: clipfrac (share of tokens where clipping is active)
+    Per token: max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)), r = exp(logp - old),
+    reduced by `aggregate(per_token, mask, mode, normalizer, horizon)`. Returns the loss and metrics: clipfrac (share of tokens where clipping is active)
     and approx_kl (token-mean of old - new log-prob).
     """
     if advantages.dim() == 1:
@@ -38,10 +71,46 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
-    loss = _reduce(per_token, mask, normalizer)
+    loss = aggregate(per_token, mask, mode, normalizer, horizon)
     with torch.no_grad():
         metrics = {
             "clipfrac": float(masked_mean((clipped > unclipped).float(), mask)),
+            "approx_kl": float(masked_mean(-log_ratio, mask)),
+        }
+    return loss, metrics
+
+
+def gspo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, clip_low: float = 3e-4, clip_high: float = 4e-4,
+                     normalizer: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO's clipped sequence-level surrogate (Zheng et al. 2025, arXiv 2507.18071, eqs. 5-7), negated.
+
+    log_probs, old_log_probs, mask: (B, T); advantages: (B,), one per sequence (a (B, T)
+    tensor is read at each row's first response token). Per sequence i, with |y_i| its
+    response tokens:
+        s_i    = exp(1/|y_i| sum_t (log_probs - old_log_probs))     the length-normalised ratio
+        loss_i = max(-A_i * s_i, -A_i * clip(s_i, 1 - clip_low, 1 + clip_high))
+    and the loss is the mean of loss_i over the sequences with at least one token
+    (`normalizer` replaces their count, as `aggregate`'s seq-mean modes). The clip range
+    is on a per-token-averaged log-ratio, so it is small (the paper: 3e-4 and 4e-4).
+    Returns the loss and metrics: clipfrac (share of sequences clipped), approx_kl.
+    """
+    mask = mask.to(log_probs.dtype)
+    if advantages.dim() == 2:
+        first = (mask * torch.arange(mask.shape[1], 0, -1, device=mask.device)).argmax(-1)
+        advantages = advantages.gather(1, first[:, None]).squeeze(1)
+    log_ratio = log_probs - old_log_probs
+    lengths = mask.sum(-1)
+    seq_ratio = torch.exp((log_ratio * mask).sum(-1) / lengths.clamp(min=1))
+    unclipped = -advantages * seq_ratio
+    clipped = -advantages * torch.clamp(seq_ratio, 1.0 - clip_low, 1.0 + clip_high)
+    has_tokens = (lengths > 0).to(log_probs.dtype)
+    per_sequence = torch.maximum(unclipped, clipped) * has_tokens
+    count = normalizer if normalizer is not None else has_tokens.sum().clamp(min=1)
+    loss = per_sequence.sum() / count
+    with torch.no_grad():
+        metrics = {
+            "clipfrac": float(masked_mean((clipped > unclipped).float(), has_tokens)),
             "approx_kl": float(masked_mean(-log_ratio, mask)),
         }
     return loss, metrics
@@ -65,7 +134,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
         clipped = (clipped_values - returns).square()
         per_token = torch.maximum(unclipped, clipped)
-    loss = 0.5 * _reduce(per_token, mask, normalizer)
+    loss = 0.5 * aggregate(per_token, mask, "token-mean", normalizer)
     with torch.no_grad():
         metrics = {
             "clipfrac": float(masked_mean((clipped > unclipped).float(), mask)),

@@ -30,7 +30,7 @@ from hflow.engine.rollout.hybrid import PhaseSwitch
 from hflow.engine.rollout.vllm_engine import VLLMGenerator
 from hflow.engine.seeding import stream_seed
 from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
-from hflow.engine.training.losses import kl_estimate, masked_mean, ppo_policy_loss
+from hflow.engine.training.losses import aggregate, gspo_policy_loss, kl_estimate, masked_mean, ppo_policy_loss
 from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.workers.config import ActorSpec
@@ -125,7 +125,9 @@ class ActorWorker(Worker):
         r = self.spec.rollout
         evaluation = prompts.meta.get("eval")  # {n, temperature, max_response_length}: `trainer/control/evaluate.py`
         stream = "eval" if evaluation else "rollout"  # evaluation never draws from the rollout's stream
-        seed = stream_seed(self.spec.seed, stream, prompts.meta["step"], self.rank)
+        # DAPO's extra sampling rounds of a step (`round` >= 1) each draw from their own stream.
+        rounds = [prompts.meta["round"]] if prompts.meta.get("round") else []
+        seed = stream_seed(self.spec.seed, stream, prompts.meta["step"], self.rank, *rounds)
         rng = torch.Generator(device=self.device).manual_seed(seed)
         greedy = bool(prompts.meta.get("greedy", False))
         params = SamplingParams(r.max_response_length, r.temperature, r.top_p, r.top_k, greedy=greedy)
@@ -180,7 +182,7 @@ class ActorWorker(Worker):
         self.phases.to_train()
         for _ in range(o.epochs):
             for mini in batch.split(local_mini):
-                tokens = global_token_count(mini[col.RESPONSE_MASK], self.world_size, self.device)
+                tokens = self._loss_divisor(mini[col.RESPONSE_MASK])
                 micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens,
                                        self.world_size, self.device,
                                        share_prompts=not self.spec.model.gradient_checkpointing)
@@ -201,20 +203,32 @@ class ActorWorker(Worker):
         metrics["tokens/trained"] = float(trained)
         return metrics
 
-    def _micro_step(self, micro: Batch, tokens: float, use_kl: bool) -> dict[str, float]:
+    def _loss_divisor(self, mask: torch.Tensor) -> float:
+        """What a mini-batch's loss is divided by, over the whole data-parallel group: its response
+        tokens (token-mean), else its sequences with a response token (the seq-mean modes, GSPO)."""
+        if self.spec.loss_agg_mode == "token-mean" and self.spec.policy_loss == "ppo":
+            return global_token_count(mask, self.world_size, self.device)
+        return global_token_count((mask.sum(-1) > 0).float(), self.world_size, self.device)
+
+    def _micro_step(self, micro: Batch, divisor: float, use_kl: bool) -> dict[str, float]:
         s, kl = self.spec, self.spec.kl
         mask = micro[col.RESPONSE_MASK].float()
         log_probs, _ = response_log_probs(self.train_engine.forward, micro, s.rollout.temperature)
-        # DeepSpeed averages gradients over ranks, so each rank's share of the global token
-        # sum is scaled up by the world size: the update is the same for any DP size.
-        normalizer = tokens / self.world_size
-        pg_loss, pg_stats = ppo_policy_loss(log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask,
-                                            *s.clip, normalizer=normalizer)
+        # DeepSpeed averages gradients over ranks, so each rank's share of the global token (or
+        # sequence) count is scaled up by the world size: the update is the same for any DP size.
+        normalizer = divisor / self.world_size
+        horizon = s.rollout.max_response_length
+        if s.policy_loss == "gspo":
+            pg_loss, pg_stats = gspo_policy_loss(log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask,
+                                                 *s.clip, normalizer=normalizer)
+        else:
+            pg_loss, pg_stats = ppo_policy_loss(log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask,
+                                                *s.clip, normalizer=normalizer, mode=s.loss_agg_mode, horizon=horizon)
         loss = pg_loss
         stats = {"pg_loss": float(pg_loss.detach()), **pg_stats}
         if use_kl:
             token_kl = kl_estimate(log_probs, micro[col.REF_LOG_PROBS], kl.estimator)
-            kl_loss = (token_kl * mask).sum() / normalizer
+            kl_loss = aggregate(token_kl, mask, s.loss_agg_mode, normalizer, horizon)
             loss = loss + kl.coef * kl_loss
             stats["kl_loss"] = float(masked_mean(token_kl.detach(), mask))
         if col.PTX_INPUT_IDS in micro:  # InstructGPT's PPO-ptx: keep the pretraining likelihood up

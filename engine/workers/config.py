@@ -85,6 +85,8 @@ class ActorSpec:
     recompute_old_log_probs: bool
     offload_in_rollout: bool
     seed: int
+    policy_loss: str = "ppo"  # "ppo" (per-token ratio) or "gspo" (per-sequence ratio): engine/training/losses.py
+    loss_agg_mode: str = "token-mean"  # losses.aggregate's mode, for the policy and KL terms
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from hflow.trainer import advantages
 from hflow.trainer.advantages import grpo
 
 
@@ -92,3 +93,52 @@ def test_whiten_over_masked_tokens_only():
     assert out[0].tolist() == pytest.approx([-1.5 / std, -0.5 / std, 0.5 / std])
     assert out[1].tolist() == pytest.approx([1.5 / std, 0.0, 0.0])
     assert whiten(values, mask, eps=0.0, shift_mean=False)[0, 0] == pytest.approx(-1.5 / std + 2.5)
+
+
+def test_rloo_hand_computed():
+    # Group a: 1, 2, 6 -> 1 - (2+6)/2 = -3, 2 - (1+6)/2 = -1.5, 6 - (1+2)/2 = 4.5
+    # Group b: 0, 4    -> 0 - 4 = -4, 4 - 0 = 4
+    scores = torch.tensor([1.0, 0.0, 2.0, 6.0, 4.0])
+    adv = advantages.rloo(scores, ["a", "b", "a", "a", "b"])
+    assert adv.tolist() == pytest.approx([-3.0, -4.0, -1.5, 4.5, 4.0])
+    # k/(k-1) times the group-centred score: the identity RLOO's estimator is built on.
+    assert adv[[0, 2, 3]].tolist() == pytest.approx((3 / 2 * (torch.tensor([1.0, 2.0, 6.0]) - 3.0)).tolist())
+
+
+def test_rloo_refuses_a_group_of_one():
+    with pytest.raises(ValueError, match="at least 2 samples per prompt; group 'c' has 1"):
+        advantages.rloo(torch.tensor([1.0, 2.0, 3.0]), ["a", "a", "c"])
+
+
+def test_reinforce_plus_plus_discounted_reward_to_go_then_whitened():
+    # Row 0: rewards [1, 0, 2] on 3 tokens, gamma 0.5 -> returns [1 + 0.5*(0 + 0.5*2), 0 + 0.5*2, 2]
+    #        = [1.5, 1.0, 2.0]. Row 1: [3, pad] -> [3.0, 0 (masked)].
+    rewards = torch.tensor([[1.0, 0.0, 2.0], [3.0, 5.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    adv, returns = advantages.reinforce_plus_plus(rewards, mask, gamma=0.5)
+    assert returns.flatten().tolist() == pytest.approx([1.5, 1.0, 2.0, 3.0, 0.0, 0.0])
+    valid = torch.tensor([1.5, 1.0, 2.0, 3.0])
+    mean, std = valid.mean(), valid.std()  # over the batch's 4 response tokens, unbiased
+    expected = ((valid - mean) / std).tolist()
+    assert [adv[0, 0], adv[0, 1], adv[0, 2], adv[1, 0]] == pytest.approx(expected, rel=1e-5)
+    assert adv[1, 1:].tolist() == [0.0, 0.0]
+
+
+def test_reinforce_plus_plus_gamma_one_with_kl_in_the_token_rewards():
+    # token_rewards charges -0.1 * kl per token and the score 1.0 on the last: [-0.1, -0.2, 1 - 0.3].
+    mask = torch.tensor([[1, 1, 1]])
+    rewards = advantages.token_rewards(torch.tensor([1.0]), mask, torch.tensor([[1.0, 2.0, 3.0]]), 0.1)
+    _, returns = advantages.reinforce_plus_plus(rewards, mask)
+    assert returns.tolist()[0] == pytest.approx([0.4, 0.5, 0.7])
+
+
+def test_reinforce_plus_plus_baseline_group_mean_then_whitened_over_tokens():
+    # Group a: 1, 3 -> centred -1, +1; group b: 5, 5, 8 -> -1, -1, +2. Rows have 2, 1, 1, 2, 1 tokens.
+    scores = torch.tensor([1.0, 5.0, 3.0, 5.0, 8.0])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 0], [1, 1], [1, 0]])
+    adv = advantages.reinforce_plus_plus_baseline(scores, ["a", "b", "a", "b", "b"], mask)
+    tokens = torch.tensor([-1.0, -1.0, -1.0, 1.0, -1.0, -1.0, 2.0])  # row by row, response tokens only
+    expected = (tokens - tokens.mean()) / tokens.std()
+    got = torch.cat([adv[0], adv[1, :1], adv[2, :1], adv[3], adv[4, :1]])
+    assert got.tolist() == pytest.approx(expected.tolist(), rel=1e-5)
+    assert adv[1, 1] == 0.0 and adv[2, 1] == 0.0

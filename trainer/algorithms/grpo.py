@@ -2,10 +2,14 @@
 
 Each step samples n responses per prompt, scores them, normalises the scores within
 each prompt's group, and takes PPO-clip steps on the policy, with a KL term to the
-frozen reference. There is no critic.
+frozen reference. There is no critic. GSPO (`gspo:`) runs this same program: its
+advantages are GRPO's, and its actor takes a sequence-level ratio (`losses.gspo_policy_loss`).
+RLOO and REINFORCE++ run the loop (`run_outcome_loop`) with their own advantages.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
@@ -17,6 +21,12 @@ from hflow.trainer.rundir.writer import RunDir
 
 
 def train(recipe: Recipe, run: RunDir) -> None:
+    run_outcome_loop(recipe, run, compute_advantages)
+
+
+def run_outcome_loop(recipe: Recipe, run: RunDir, compute: Callable[[Batch, Recipe], Batch]) -> None:
+    """Generate, score, `compute` the advantages, update the actor: the loop of the critic-free
+    algorithms with one reward per response (GRPO, GSPO, RLOO, REINFORCE++)."""
     roles = recipe.algorithm_spec.roles_for(recipe.uses_reference)
     with Session(recipe, run, roles) as session:
         session.init_workers()
@@ -33,7 +43,7 @@ def train(recipe: Recipe, run: RunDir) -> None:
                 session.end_step(step, batch)  # logged, with no update
                 continue
             with session.stage("advantage"):
-                batch |= compute_advantages(batch, recipe)
+                batch |= compute(batch, recipe)
             with session.stage("update_actor"):
                 metrics = actor.update_actor(batch)
             session.end_step(step, batch, metrics)
@@ -42,10 +52,18 @@ def train(recipe: Recipe, run: RunDir) -> None:
 
 def compute_advantages(batch: Batch, recipe: Recipe) -> Batch:
     """Group-normalised sequence scores; with `kl_in_reward`, the summed KL is charged first."""
-    g = recipe.grpo
-    scores = batch[col.SCORES].float()
-    if g.kl_in_reward and col.REF_LOG_PROBS in batch:
-        kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], g.kl_estimator)
-        scores = scores - g.kl_coef * (kl * batch[col.RESPONSE_MASK]).sum(-1)
+    g = getattr(recipe, recipe.algorithm_spec.settings)  # `grpo:`, or `gspo:` / `dapo:` (same keys)
+    scores = kl_charged_scores(batch, recipe)
     adv = advantages.grpo(scores, batch[col.UID], eps=g.eps, scale_by_std=g.scale_by_std)
     return Batch({col.ADVANTAGES: adv})
+
+
+def kl_charged_scores(batch: Batch, recipe: Recipe):
+    """(B,) scores, less kl_coef x the response's summed KL to the reference when the algorithm
+    charges the KL in the reward (`kl_in_reward`) and a reference ran."""
+    kl_cfg = recipe.kl
+    scores = batch[col.SCORES].float()
+    if kl_cfg.in_reward and col.REF_LOG_PROBS in batch:
+        kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], kl_cfg.estimator)
+        scores = scores - kl_cfg.coef * (kl * batch[col.RESPONSE_MASK]).sum(-1)
+    return scores

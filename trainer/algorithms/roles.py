@@ -42,5 +42,11 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("remax", ("actor", "reward"), ("actor",), "remax", _PROGRAMS + "remax"),
         Algorithm("safe_rlhf", ("actor", "critic", "cost_critic", "reward", "cost"), ("actor", "critic"),
                   "ppo", _PROGRAMS + "safe_rlhf"),
+        Algorithm("rloo", ("actor", "reward"), ("actor",), "rloo", _PROGRAMS + "rloo"),
+        Algorithm("reinforce_pp", ("actor", "reward"), ("actor",), "reinforce_pp", _PROGRAMS + "reinforce_pp"),
+        Algorithm("reinforce_pp_baseline", ("actor", "reward"), ("actor",), "reinforce_pp_baseline",
+                  _PROGRAMS + "reinforce_pp"),
+        Algorithm("dapo", ("actor", "reward"), ("actor",), "dapo", _PROGRAMS + "dapo"),
+        Algorithm("gspo", ("actor", "reward"), ("actor",), "gspo", _PROGRAMS + "grpo"),  # GRPO's loop, GSPO's loss
     )
 }

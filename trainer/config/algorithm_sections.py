@@ -1,8 +1,8 @@
-"""The algorithms' recipe sections: `grpo`, `ppo` (also Safe-RLHF's PPO part), `remax` and
-`safe_rlhf`.
+"""The algorithms' recipe sections: `grpo`, `ppo` (also Safe-RLHF's PPO part), `remax`,
+`safe_rlhf`, `rloo`, `reinforce_pp`, `reinforce_pp_baseline`, `dapo` and `gspo`.
 
-The KL penalty and the PPO ratio clip are shared: `KLSection` and `ClipSection` declare
-each key once, with its type and bounds; an algorithm whose default or description
+The KL penalty and the policy loss (PPO ratio clip, loss aggregation) are shared:
+`KLSection` and `ClipSection` declare each key once, with its type and bounds; an algorithm whose default or description
 differs overrides only those (the bounds travel with the `KLCoef` and `ClipBound` types).
 """
 
@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hflow.trainer.config.sections import Section
 
 KLEstimator = Literal["k1", "k2", "k3", "abs"]  # engine/training/losses.py: kl_estimate
+# engine/training/losses.py: aggregate (verl's `loss_agg_mode` names)
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLCoef = Annotated[float, Field(ge=0)]
 ClipBound = Annotated[float, Field(ge=0)]
 
@@ -31,6 +33,11 @@ class ClipSection(Section):
 
     clip_low: ClipBound = Field(0.2, description="PPO ratio clip below 1 (1 - clip_low).")
     clip_high: ClipBound = Field(0.2, description="PPO ratio clip above 1 (1 + clip_high).")
+    loss_agg_mode: LossAggMode = Field(
+        "token-mean", description="How the actor's per-token losses become one: token-mean (every token "
+        "weighs the same; DAPO), seq-mean-token-mean (every sequence; the original GRPO), seq-mean-token-sum, "
+        "seq-mean-token-sum-norm (token sums over rollout.max_response_length; Dr. GRPO)."
+    )
 
 
 class GRPOConfig(ClipSection, KLSection):
@@ -114,3 +121,82 @@ class SafeRLHFConfig(Section):
     episode_cost_window: int = Field(
         128, gt=0, description="Episode costs (one per sequence, most recent) averaged for lambda's update."
     )
+
+
+class RLOOConfig(ClipSection, KLSection):
+    """RLOO (Ahmadian et al. 2024, arXiv 2402.14740): each sample's baseline is the mean reward of
+    the other samples of its prompt (needs rollout.n >= 2)."""
+
+    kl_coef: KLCoef = Field(0.05, description="Weight of the KL penalty to the reference policy.")
+    kl_in_reward: bool = Field(
+        True, description="Subtract the summed KL from each sequence's reward (as the paper and TRL); "
+        "false: add it to the loss."
+    )
+
+
+class ReinforcePPConfig(ClipSection, KLSection):
+    """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262): per-token KL in the reward, reward-to-go,
+    advantages whitened over the batch. No critic."""
+
+    kl_coef: KLCoef = Field(0.01, description="Weight beta of the per-token KL penalty in the reward.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount of the reward-to-go (per response token).")
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """REINFORCE++ charges the KL per token in the reward (the paper); not a key."""
+        return True
+
+
+class ReinforcePPBaselineConfig(ClipSection, KLSection):
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262, v3+): the prompt's mean reward as
+    baseline, advantages whitened over the batch, the KL in the loss."""
+
+    kl_estimator: KLEstimator = Field(
+        "k2", description="KL estimator of the KL loss (k2, as the paper recommends; k1, k3, abs)."
+    )
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """REINFORCE++-baseline adds the KL to the loss (the paper); not a key."""
+        return False
+
+
+class DAPOConfig(GRPOConfig):
+    """DAPO (Yu et al. 2025, arXiv 2503.14476): GRPO with clip-higher, a token-mean loss, dynamic
+    sampling and overlong reward shaping, and no KL by default."""
+
+    kl_coef: KLCoef = Field(0.0, description="Weight of the KL penalty to the reference policy (DAPO: none).")
+    clip_high: ClipBound = Field(0.28, description="Clip-higher: the ratio clip above 1 (DAPO: 0.28).")
+    dynamic_sampling: bool = Field(
+        True, description="Drop prompts whose n rewards are all equal and sample more prompts until the "
+        "step has trainer.prompts_per_step varied groups (needs rollout.n >= 2)."
+    )
+    max_sampling_rounds: int = Field(
+        4, ge=1, description="Most generation rounds per step for dynamic sampling; when they are spent the "
+        "step is filled up with dropped groups (zero advantage) and dapo/filled_groups says how many."
+    )
+    overlong_buffer: int = Field(
+        0, ge=0, description="Soft overlong punishment: responses longer than rollout.max_response_length "
+        "minus this many tokens lose reward linearly, up to overlong_penalty at the maximum; 0: off."
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="Reward lost by a response of the maximum length.")
+
+
+class GSPOConfig(GRPOConfig):
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071): GRPO's advantages with a clipped sequence-level
+    importance ratio (the per-token log-ratio's mean over the response, exponentiated)."""
+
+    kl_coef: KLCoef = Field(0.0, description="Weight of the KL penalty to the reference policy (GSPO: none).")
+    clip_low: ClipBound = Field(3e-4, description="Sequence ratio clip below 1 (the paper: 3e-4).")
+    clip_high: ClipBound = Field(4e-4, description="Sequence ratio clip above 1 (the paper: 4e-4).")
+    loss_agg_mode: LossAggMode = Field(
+        "seq-mean-token-mean", description="GSPO's loss is one term per sequence: only seq-mean-token-mean "
+        "(the mean over sequences) is defined."
+    )
+
+    @model_validator(mode="after")
+    def _sequence_level(self) -> "GSPOConfig":
+        if self.loss_agg_mode != "seq-mean-token-mean":
+            raise ValueError(f"gspo.loss_agg_mode={self.loss_agg_mode} is not defined for GSPO, whose loss is "
+                             "one term per sequence; accepted: seq-mean-token-mean")
+        return self

@@ -17,11 +17,16 @@ from hflow.engine.workers.config import KLSettings
 from hflow.trainer.algorithms.roles import ALGORITHMS, Algorithm
 from hflow.trainer.config.algorithm_sections import (  # noqa: F401  (re-exported: recipe.py was their home)
     ClipSection,
+    DAPOConfig,
     GRPOConfig,
+    GSPOConfig,
     KLEstimator,
     KLSection,
     PPOConfig,
+    ReinforcePPBaselineConfig,
+    ReinforcePPConfig,
     ReMaxConfig,
+    RLOOConfig,
     SafeRLHFConfig,
 )
 from hflow.trainer.config.sections import (  # noqa: F401  (re-exported, as above)
@@ -71,7 +76,8 @@ class Recipe(BaseSettings):
     name: Optional[str] = Field(
         None, description="Run name prefix; default: the recipe file's name."
     )
-    algorithm: Literal["grpo", "ppo", "remax", "safe_rlhf"] = Field("grpo", description="The RL algorithm.")
+    algorithm: Literal["grpo", "ppo", "remax", "safe_rlhf", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo",
+                       "gspo"] = Field("grpo", description="The RL algorithm (README, 'Algorithms').")
     seed: int = Field(0, description="Seeds data order, initialisation and sampling.")
     model: ModelConfig = Field(description="The actor (trained policy).")
     reference: ReferenceConfig = Field(
@@ -86,6 +92,13 @@ class Recipe(BaseSettings):
     ppo: PPOConfig = Field(default_factory=PPOConfig, description="PPO's advantage, losses and KL (also Safe-RLHF's).")
     remax: ReMaxConfig = Field(default_factory=ReMaxConfig, description="ReMax's KL and clip.")
     safe_rlhf: SafeRLHFConfig = Field(default_factory=SafeRLHFConfig, description="Safe-RLHF's Lagrange multiplier.")
+    rloo: RLOOConfig = Field(default_factory=RLOOConfig, description="RLOO's KL and clip.")
+    reinforce_pp: ReinforcePPConfig = Field(default_factory=ReinforcePPConfig, description="REINFORCE++'s KL and clip.")
+    reinforce_pp_baseline: ReinforcePPBaselineConfig = Field(
+        default_factory=ReinforcePPBaselineConfig, description="REINFORCE++-baseline's KL and clip."
+    )
+    dapo: DAPOConfig = Field(default_factory=DAPOConfig, description="DAPO's clip, sampling and reward shaping.")
+    gspo: GSPOConfig = Field(default_factory=GSPOConfig, description="GSPO's sequence-level clip.")
     actor: ActorConfig = Field(default_factory=ActorConfig, description="Actor optimisation.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The run loop.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation sampling.")
@@ -119,6 +132,24 @@ class Recipe(BaseSettings):
                              "synthetic:TASK for a task's held-out problems)")
         if self.ppo.ptx_coef > 0 and not self.ppo.ptx_data:
             raise ValueError("ppo.ptx_coef > 0 needs ppo.ptx_data (a .jsonl or .parquet file with a text column)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> "Recipe":
+        """Algorithms whose baseline or filter compares the n samples of a prompt need n >= 2."""
+        needs_group = {"rloo": "its baseline is the other samples of the prompt",
+                       "reinforce_pp_baseline": "its baseline is the prompt's mean reward",
+                       "dapo": "dynamic sampling drops prompts whose n rewards are all equal"}
+        reason = needs_group.get(self.algorithm)
+        if self.algorithm == "dapo" and not self.dapo.dynamic_sampling:
+            reason = None
+        if reason and self.rollout.n < 2:
+            raise ValueError(f"algorithm {self.algorithm} with rollout.n={self.rollout.n}: {reason}; "
+                             "set rollout.n to 2 or more")
+        buffer, longest = self.dapo.overlong_buffer, self.rollout.max_response_length
+        if self.algorithm == "dapo" and buffer >= longest:
+            raise ValueError(f"dapo.overlong_buffer={buffer} must be below rollout.max_response_length={longest} "
+                             "(the penalty ramps over the last overlong_buffer tokens); 0 turns it off")
         return self
 
     @model_validator(mode="after")
@@ -181,6 +212,16 @@ class Recipe(BaseSettings):
         """The active algorithm's PPO ratio clip (clip_low, clip_high)."""
         section = getattr(self, self.algorithm_spec.settings)
         return section.clip_low, section.clip_high
+
+    @property
+    def loss_agg_mode(self) -> str:
+        """The active algorithm's loss aggregation (`losses.aggregate`)."""
+        return getattr(self, self.algorithm_spec.settings).loss_agg_mode
+
+    @property
+    def policy_loss(self) -> str:
+        """The actor's surrogate: GSPO's sequence-level ratio, else PPO's per-token one."""
+        return "gspo" if self.algorithm == "gspo" else "ppo"
 
     @property
     def uses_reference(self) -> bool:

@@ -58,6 +58,7 @@ def actor_spec(recipe: Recipe) -> ActorSpec:
         kl=recipe.kl, clip=recipe.clip, ptx_coef=recipe.ppo.ptx_coef,
         recompute_old_log_probs=recipe.actor.recompute_old_log_probs,
         offload_in_rollout=recipe.actor.offload_in_rollout, seed=recipe.seed,
+        policy_loss=recipe.policy_loss, loss_agg_mode=recipe.loss_agg_mode,
     )
 
 

@@ -143,7 +143,12 @@ class PromptData:
 
     def batch(self, step: int) -> Batch:
         """The prompts of step `step` (1-based), with a `uid` per prompt for grouping."""
-        start = (step - 1) * self.per_step
+        return self.batch_at((step - 1) * self.per_step, step)
+
+    def batch_at(self, start: int, step: int) -> Batch:
+        """`prompts_per_step` prompts from position `start` of the (epoch-shuffled) stream on, for
+        step `step`; a prompt's `uid` is its position. DAPO's dynamic sampling reads on past a
+        step's own prompts with it (`trainer/algorithms/dapo.py`)."""
         picked = []
         for position in range(start, start + self.per_step):
             epoch, offset = divmod(position, len(self.rows))
