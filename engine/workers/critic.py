@@ -21,6 +21,7 @@ from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import resolve_dtype
+from hflow.engine.models.lora import apply_lora
 from hflow.engine.models.score_model import load_score_model
 from hflow.engine.training.losses import value_loss
 from hflow.engine.training.packing import global_token_count, micro_batches
@@ -44,10 +45,19 @@ class CriticWorker(Worker):
         ensure_process_group(self.device, self.rank, self.world_size)
         dtype = resolve_dtype(m.dtype, self.device)
         model = load_score_model(m.path, torch.float32, m.trust_remote_code, self.spec.seed, self.prefix)
+        if self.spec.lora is not None:
+            # Adapters on the backbone; the value head is new (or the reward model's) and trains whole.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.spec.seed)
+                model.backbone = apply_lora(model.backbone, self.spec.lora, "critic", m.path, causal_lm=False)
+            if m.gradient_checkpointing:
+                model.backbone.enable_input_require_grads()
         if checkpoint:
             from safetensors.torch import load_file
 
-            model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"))
+            # The checkpoint holds what trains: every weight, or the adapters and the value head.
+            model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"),
+                                  strict=self.spec.lora is None)
         model.to(device=self.device, dtype=dtype)
         if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
