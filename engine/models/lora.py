@@ -47,6 +47,21 @@ def check_targets(model: nn.Module, targets: str | tuple[str, ...], what: str, p
                             f"its linear layers: {', '.join(existing)} (or all-linear)")
 
 
+def check_folder_targets(path: str, targets: str | tuple[str, ...], what: str, causal_lm: bool = True,
+                         trust_remote_code: bool = False) -> None:
+    """`check_targets` against the model a folder's config.json describes, built on the meta device
+    (no weights are read): lets `hflow validate` and the start of `hflow train` refuse a bad target."""
+    if targets == "all-linear":
+        return
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        cls = AutoModelForCausalLM if causal_lm else AutoModel
+        model = cls.from_config(config, trust_remote_code=trust_remote_code)
+    check_targets(model, targets, what, path)
+
+
 def apply_lora(model: nn.Module, spec: LoraSpec, what: str, path: str, causal_lm: bool = True) -> nn.Module:
     """`model` wrapped by peft with fresh adapters: its own weights frozen, the adapters trainable.
     Adapter initialisation draws from torch's global generator (A: Kaiming-uniform; B is zero)."""
