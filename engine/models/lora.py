@@ -105,8 +105,8 @@ def merged_weights(module: nn.Module) -> list[MergedWeight]:
     for name, param in base.named_parameters():
         owner, _, leaf = name.rpartition(".")
         layer_name = owner.removesuffix(".base_layer")
-        if ".lora_" in name or (owner.endswith(".modules_to_save") or ".modules_to_save." in name):
-            continue  # adapter parameters: folded into their layer's weight below
+        if ".lora_" in name:
+            continue  # an adapter's A or B: folded into its layer's weight below
         layer = layers.get(layer_name) if owner.endswith(".base_layer") else None
         plain = f"{layer_name}.{leaf}" if layer is not None else name
         if layer is not None and leaf == "weight":

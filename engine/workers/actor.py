@@ -29,7 +29,7 @@ from hflow.engine.models.lora import adapters_off, apply_lora, is_lora, merged_s
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
 from hflow.engine.rollout.hybrid import PhaseSwitch
 from hflow.engine.rollout.vllm_engine import VLLMGenerator
-from hflow.engine.seeding import stream_seed
+from hflow.engine.seeding import seed_update, stream_seed
 from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
 from hflow.engine.training.losses import kl_estimate, masked_mean, ppo_policy_loss
 from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
@@ -208,6 +208,7 @@ class ActorWorker(Worker):
         sums: dict[str, list[float]] = {}
         trained = 0  # tokens through forward and backward on this rank (for FLOP/s)
         self.phases.to_train()
+        seed_update(self.spec.seed, "actor-update", int(batch.meta.get("step", 0)), self.rank)
         for _ in range(o.epochs):
             for mini in batch.split(local_mini):
                 tokens = global_token_count(mini[col.RESPONSE_MASK], self.world_size, self.device)

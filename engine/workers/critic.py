@@ -22,6 +22,7 @@ from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import resolve_dtype
 from hflow.engine.models.lora import apply_lora
+from hflow.engine.seeding import seed_update
 from hflow.engine.models.score_model import load_score_model
 from hflow.engine.training.losses import value_loss
 from hflow.engine.training.packing import global_token_count, micro_batches
@@ -91,6 +92,7 @@ class CriticWorker(Worker):
         cfg = self.spec.optim
         local_mini = cfg.mini_batch_size // self.world_size
         self.train_engine.module.train()
+        seed_update(self.spec.seed, f"{self.prefix}-update", int(batch.meta.get("step", 0)), self.rank)
         sums: dict[str, list[float]] = {}
         for _ in range(cfg.epochs):
             for mini in batch.split(local_mini):

@@ -53,3 +53,17 @@ def test_lora_resume_equals_uninterrupted_and_the_actor_is_the_reference(tmp_pat
     for before, after in zip(reference[3:], again[3:]):
         for key in COMPARED:
             assert after[key] == pytest.approx(before[key], rel=1e-5, abs=1e-7), (after["step"], key)
+
+
+@pytest.mark.slow
+def test_the_tiny_lora_recipe_learns(tmp_path):
+    result = run_hflow("train", "grpo/tiny_lora", "--output-dir", str(tmp_path / "runs"),
+                       "--set", "trainer.total_steps=12", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = Path(result.stdout.strip().splitlines()[-1])
+    run = run if run.is_absolute() else tmp_path / run
+    events = read_events(run)
+    first = sum(e["reward/mean"] for e in events[:3]) / 3
+    last = sum(e["reward/mean"] for e in events[-3:]) / 3
+    assert last >= first + 0.4, (first, last)
+    assert "reference" not in json.loads((run / "plan.json").read_text())["roles"]
