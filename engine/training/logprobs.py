@@ -70,8 +70,11 @@ def response_log_probs(forward: Callable, batch: Batch, temperature: float,
 
 
 def _model(forward: Callable):
-    owner = getattr(forward, "__self__", forward)  # a bound method (DeepSpeed's) or the model
-    return getattr(owner, "module", owner)
+    """The model behind `forward`: a bound method (DeepSpeed's) or the model; with LoRA, peft's
+    base model (whose forward, called through peft's, takes the same arguments)."""
+    owner = getattr(forward, "__self__", forward)
+    model = getattr(owner, "module", owner)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _can_share(forward: Callable) -> bool:

@@ -25,10 +25,11 @@ from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group, peak_memory_bytes
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
+from hflow.engine.models.lora import adapters_off, apply_lora, is_lora, merged_state, save_merged
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
 from hflow.engine.rollout.hybrid import PhaseSwitch
 from hflow.engine.rollout.vllm_engine import VLLMGenerator
-from hflow.engine.seeding import stream_seed
+from hflow.engine.seeding import seed_update, stream_seed
 from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
 from hflow.engine.training.losses import aggregate, gspo_policy_loss, kl_estimate, masked_mean, ppo_policy_loss
 from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
@@ -51,14 +52,10 @@ class ActorWorker(Worker):
         ensure_process_group(self.device, self.rank, self.world_size)
         dtype = resolve_dtype(m.dtype, self.device)
         model = load_causal_lm(m.path, torch.float32, m.trust_remote_code)
-        if checkpoint:
-            # Weights go in before DeepSpeed copies them into its fp32 master partitions.
-            from safetensors.torch import load_file
-
-            model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"), strict=False)
         self.tokenizer = tokenizer = load_tokenizer(m.path, m.trust_remote_code)
         eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
+        model = self._with_adapters(model, checkpoint)
         rollout_engine = None
         if s.rollout.engine == "vllm":
             # Before DeepSpeed allocates anything: on a GPU vLLM sizes its KV cache from the free
@@ -87,6 +84,22 @@ class ActorWorker(Worker):
             self.train_engine.module, eos, tokenizer.pad_token_id, s.rollout.batch_size,
             sync_done=self._sync_done(),
         )
+
+    def _with_adapters(self, model, checkpoint: str | None):
+        """LoRA adapters on `model` when the spec has them (only they train), then the checkpoint's
+        trained weights (all of them, or the adapters), before DeepSpeed copies them into its fp32
+        master partitions. Adapters start from the run's seed, so every rank starts the same."""
+        if self.spec.lora is not None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.spec.seed)
+                model = apply_lora(model, self.spec.lora, "actor", self.spec.model.path)
+            if self.spec.model.gradient_checkpointing:
+                model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need a grad input
+        if checkpoint:
+            from safetensors.torch import load_file
+
+            model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"), strict=False)
+        return model
 
     def _create_vllm(self, dtype: torch.dtype, eos: list[int], pad_token_id: int, config):
         s, r = self.spec, self.spec.rollout
@@ -172,6 +185,23 @@ class ActorWorker(Worker):
         return Batch({col.OLD_LOG_PROBS: log_probs.cpu(), col.ENTROPY: entropy.cpu()})
 
     @register(Dispatch.DP_COMPUTE)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """The reference's log-probs, served by the actor when it trains LoRA adapters: its own frozen
+        base weights with the adapters switched off are the initial policy (no second model)."""
+        if self.phases.rollout_engine is not None:
+            self.phases.to_train()
+        model = self.train_engine.module
+        was_training = model.training
+        model.eval()
+        try:
+            with adapters_off(model):
+                log_probs, _ = batched_log_probs(model, batch.to(self.device), self.spec.rollout.temperature,
+                                                 self.spec.optim.micro_batch_size)
+        finally:
+            model.train(was_training)
+        return Batch({col.REF_LOG_PROBS: log_probs.cpu()})
+
+    @register(Dispatch.DP_COMPUTE)
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """Policy update (every algorithm): epochs x mini-batches, each one optimizer step."""
         o, kl = self.spec.optim, self.spec.kl
@@ -180,6 +210,7 @@ class ActorWorker(Worker):
         sums: dict[str, list[float]] = {}
         trained = 0  # tokens through forward and backward on this rank (for FLOP/s)
         self.phases.to_train()
+        seed_update(self.spec.seed, "actor-update", int(batch.meta.get("step", 0)), self.rank)
         for _ in range(o.epochs):
             for mini in batch.split(local_mini):
                 tokens = self._loss_divisor(mini[col.RESPONSE_MASK])
@@ -257,7 +288,7 @@ class ActorWorker(Worker):
         if engine is None:
             return 0.0
         with self._gathered():
-            state = {n: p.detach().clone() for n, p in self.train_engine.module.named_parameters()}
+            state = {n: p.detach().clone() for n, p in merged_state(self.train_engine.module)}
         return engine.drift_from(state)
 
     @register(Dispatch.ONE_TO_ALL)
@@ -266,8 +297,13 @@ class ActorWorker(Worker):
 
     @register(Dispatch.RANK_ZERO)
     def export_weights(self, directory: str) -> None:
-        """The current policy as a Hugging Face model directory (config, tokenizer, safetensors)."""
+        """The current policy as a Hugging Face model directory (config, tokenizer, safetensors); with
+        LoRA, the merged weights, and the adapters in `adapter/` (`lora.save_merged`)."""
         with self._gathered():
             if self.rank == 0:
-                self.train_engine.module.save_pretrained(directory, safe_serialization=True)
+                module = self.train_engine.module
+                if is_lora(module):
+                    save_merged(module, directory)
+                else:
+                    module.save_pretrained(directory, safe_serialization=True)
                 self.tokenizer.save_pretrained(directory)

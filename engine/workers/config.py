@@ -23,6 +23,18 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class LoraSpec:
+    """LoRA adapters on a trained role's model (the recipe's `actor.lora` / `critic.lora`): rank,
+    alpha (the update is scaled by alpha / rank), dropout, and the linear layers that get one
+    (module-name suffixes, or "all-linear")."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: str | tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class OptimSpec:
     """AdamW under DeepSpeed ZeRO for one trained role (the recipe's actor or critic section).
 
@@ -87,6 +99,7 @@ class ActorSpec:
     seed: int
     policy_loss: str = "ppo"  # "ppo" (per-token ratio) or "gspo" (per-sequence ratio): engine/training/losses.py
     loss_agg_mode: str = "token-mean"  # losses.aggregate's mode, for the policy and KL terms
+    lora: Optional[LoraSpec] = None  # None: the whole model trains
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,7 @@ class CriticSpec:
     optim: OptimSpec
     value_clip: Optional[float]
     seed: int  # seeds a new value head
+    lora: Optional[LoraSpec] = None  # adapters on the backbone; the value head trains whole
 
 
 @dataclass(frozen=True)

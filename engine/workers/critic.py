@@ -21,6 +21,8 @@ from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import resolve_dtype
+from hflow.engine.models.lora import apply_lora
+from hflow.engine.seeding import seed_update
 from hflow.engine.models.score_model import load_score_model
 from hflow.engine.training.losses import value_loss
 from hflow.engine.training.packing import global_token_count, micro_batches
@@ -44,10 +46,19 @@ class CriticWorker(Worker):
         ensure_process_group(self.device, self.rank, self.world_size)
         dtype = resolve_dtype(m.dtype, self.device)
         model = load_score_model(m.path, torch.float32, m.trust_remote_code, self.spec.seed, self.prefix)
+        if self.spec.lora is not None:
+            # Adapters on the backbone; the value head is new (or the reward model's) and trains whole.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.spec.seed)
+                model.backbone = apply_lora(model.backbone, self.spec.lora, "critic", m.path, causal_lm=False)
+            if m.gradient_checkpointing:
+                model.backbone.enable_input_require_grads()
         if checkpoint:
             from safetensors.torch import load_file
 
-            model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"))
+            # The checkpoint holds what trains: every weight, or the adapters and the value head.
+            model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"),
+                                  strict=self.spec.lora is None)
         model.to(device=self.device, dtype=dtype)
         if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -81,6 +92,7 @@ class CriticWorker(Worker):
         cfg = self.spec.optim
         local_mini = cfg.mini_batch_size // self.world_size
         self.train_engine.module.train()
+        seed_update(self.spec.seed, f"{self.prefix}-update", int(batch.meta.get("step", 0)), self.rank)
         sums: dict[str, list[float]] = {}
         for _ in range(cfg.epochs):
             for mini in batch.split(local_mini):

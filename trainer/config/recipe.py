@@ -225,7 +225,15 @@ class Recipe(BaseSettings):
 
     @property
     def uses_reference(self) -> bool:
-        return self.kl.coef > 0
+        """Whether the run starts a reference worker: a KL term, unless the actor serves it."""
+        return self.kl.coef > 0 and not self.reference_in_actor
+
+    @property
+    def reference_in_actor(self) -> bool:
+        """With the actor's LoRA (and no other `reference.path`) the reference is the actor's own
+        base weights with its adapters switched off: no second copy of the model is loaded."""
+        same = self.reference.path in (None, self.model.path)
+        return self.kl.coef > 0 and self.actor.lora is not None and same
 
     @property
     def sequences_per_step(self) -> int:

@@ -3,7 +3,7 @@ every key, its default and its meaning. `recipe.py` assembles them into the `Rec
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -44,6 +44,29 @@ class ReferenceConfig(Section):
     )
 
 
+class LoraConfig(Section):
+    """LoRA adapters (Hu et al. 2021, arXiv 2106.09685) through peft: W x + (alpha / rank) B A x, with
+    the base weights W frozen and only A (rank x in) and B (out x rank, zero at the start) trained."""
+
+    rank: int = Field(8, gt=0, description="Rank r of each adapter (A is r x in, B is out x r).")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: the adapter's output is multiplied "
+                         "by alpha / rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input while training.")
+    target_modules: Union[Literal["all-linear"], list[str]] = Field(
+        "all-linear",
+        description="Linear layers that get an adapter, by the last part of their module name (e.g. "
+        "[q_proj, v_proj]); `all-linear`: every linear layer but the LM head. A name the model lacks is "
+        "an error naming the ones it has.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, value):
+        if not value:
+            raise ValueError("give at least one module name, or all-linear")
+        return value
+
+
 class OptimConfig(Section):
     """How a trained role (actor, critics) is optimised: AdamW under DeepSpeed ZeRO."""
 
@@ -69,6 +92,15 @@ class OptimConfig(Section):
         "length are grouped and shared padding is cut. Default: micro_batch_size x the longest sequence.",
     )
     epochs: int = Field(1, ge=1, description="Passes over each step's rollouts.")
+    lora: Optional[LoraConfig] = Field(
+        None,
+        description="Train LoRA adapters instead of the whole model (e.g. `actor.lora: {rank: 16}` or "
+        "`--set actor.lora.rank=16`); null: full fine-tuning. Only the adapters (and a critic's value "
+        "head) train, so the optimizer state holds only theirs. With the actor's LoRA the reference "
+        "(KL term) is the actor's own base weights with the adapters switched off: no second model is "
+        "loaded (unless `reference.path` names another model). Checkpoints hold the adapters; `final/` "
+        "holds the merged model and, in `final/adapter/`, the adapters (peft format).",
+    )
 
 
 class ActorConfig(OptimConfig):

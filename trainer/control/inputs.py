@@ -1,8 +1,8 @@
 """The recipe's inputs on disk, checked before a run directory is made for them.
 
 `hflow train` and `hflow validate` call `check_inputs`: every local model folder the roles
-load (`engine/models/folder.py`: config, tokenizer, weight headers) and every row of the
-prompt files (`trainer/data/row_checks.py`). Each takes well under a second; nothing is
+load (`engine/models/folder.py`: config, tokenizer, weight headers), the LoRA target modules
+against the model's layers, and every row of the prompt files (`trainer/data/row_checks.py`). Each takes well under a second; nothing is
 loaded into a model or tokenizer.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hflow.engine.models.loading import check_model_source
+from hflow.engine.models.lora import check_folder_targets
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.data.prompts import read_eval_rows, read_rows
 
@@ -25,10 +26,22 @@ def check_inputs(recipe: Recipe) -> None:
         if recipe.model.init and path == recipe.model.path and not Path(path).exists():
             continue  # `hflow train` builds it (model.init)
         check_model_source(path, key, tokenizer=role in OWN_TOKENIZER)
+        _check_lora_targets(recipe, role, path)
     read_rows(recipe.data, recipe.seed, scoring_functions(recipe))
     if recipe.data.eval:
         reward = scoring_functions(recipe).get("reward.function")
         read_eval_rows(recipe.data, reward, recipe.seed)
+
+
+def _check_lora_targets(recipe: Recipe, role: str, path: str) -> None:
+    """A LoRA target module the role's model lacks, named before any worker loads it."""
+    section = {"actor": "actor", "critic": "critic", "cost_critic": "critic"}.get(role)
+    lora = getattr(recipe, section).lora if section else None
+    if lora is None or not Path(path, "config.json").is_file():
+        return
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
+    check_folder_targets(path, targets, section, causal_lm=role == "actor",
+                         trust_remote_code=recipe.model.trust_remote_code)
 
 
 def scoring_functions(recipe: Recipe) -> dict[str, str]:

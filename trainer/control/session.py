@@ -131,8 +131,9 @@ class Session:
             return batch | self.groups["actor"].compute_log_prob(batch)
 
     def reference_log_probs(self, batch: Batch) -> Batch:
-        """Stage `reference`: the frozen reference's log-probs, when the recipe has a KL term."""
-        reference = self.groups.get("reference")
+        """Stage `reference`: the frozen reference's log-probs, when the recipe has a KL term. With
+        the actor's LoRA the actor scores them itself, its adapters switched off."""
+        reference = self.groups["actor"] if self.recipe.reference_in_actor else self.groups.get("reference")
         if reference is None:
             return batch
         with self.stage("reference"):

@@ -12,6 +12,7 @@ from typing import Any
 from hflow.engine.workers.config import (
     ActorSpec,
     CriticSpec,
+    LoraSpec,
     ModelSpec,
     OptimSpec,
     ReferenceSpec,
@@ -32,6 +33,15 @@ def optim_spec(cfg: OptimConfig, sequences_per_step: int | None = None, total_up
         zero_stage=cfg.zero_stage, mini_batch_size=mini, micro_batch_size=cfg.micro_batch_size,
         micro_batch_tokens=cfg.micro_batch_tokens, epochs=cfg.epochs, total_updates=total_updates,
     )
+
+
+def lora_spec(cfg: OptimConfig) -> LoraSpec | None:
+    """The section's `lora`, or None when it trains the whole model."""
+    lora = cfg.lora
+    if lora is None:
+        return None
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
+    return LoraSpec(lora.rank, lora.alpha, lora.dropout, targets)
 
 
 def model_spec(recipe: Recipe, path: str) -> ModelSpec:
@@ -57,13 +67,14 @@ def actor_spec(recipe: Recipe) -> ActorSpec:
         model=model_spec(recipe, recipe.model.path), optim=_trained(recipe, "actor"), rollout=rollout,
         kl=recipe.kl, clip=recipe.clip, ptx_coef=recipe.ppo.ptx_coef,
         recompute_old_log_probs=recipe.actor.recompute_old_log_probs,
-        offload_in_rollout=recipe.actor.offload_in_rollout, seed=recipe.seed,
+        offload_in_rollout=recipe.actor.offload_in_rollout, seed=recipe.seed, lora=lora_spec(recipe.actor),
         policy_loss=recipe.policy_loss, loss_agg_mode=recipe.loss_agg_mode,
     )
 
 
 def critic_spec(recipe: Recipe, source: str) -> CriticSpec:
-    return CriticSpec(model_spec(recipe, source), _trained(recipe, "critic"), recipe.ppo.value_clip, recipe.seed)
+    return CriticSpec(model_spec(recipe, source), _trained(recipe, "critic"), recipe.ppo.value_clip, recipe.seed,
+                      lora_spec(recipe.critic))
 
 
 def reference_spec(recipe: Recipe) -> ReferenceSpec:

@@ -286,6 +286,19 @@ def test_vllm_tensor_parallel_over_two_ray_slots_decodes_like_the_hf_engine(real
     assert min(result["tokens"]) > 8, result
 
 
+@pytest.mark.slow
+def test_vllm_with_lora_holds_the_merged_weights_and_decodes_like_the_hf_engine(real_vllm, tiny_model, tmp_path):
+    """A LoRA actor: vLLM receives base + (alpha / r) B A under the base model's names; its greedy
+    tokens equal the hf engine's generating with the adapters on, and the weights it holds equal
+    the merged training weights after the sync and after each of two updates."""
+    result = _check("lora", tiny_model, tmp_path, real_vllm)
+    greedy = result["greedy"]
+    assert greedy["same_tokens_rows"] == greedy["rows"] == 8 and greedy["tokens"] > 8, greedy
+    assert greedy["max_logprob_diff"] < LOGPROB_TOLERANCE, greedy
+    assert result["sync"]["drift"] == [[0.0]] * 3, result
+    assert result["sync"]["changed_by_update"] == [True, True], result
+
+
 def test_weight_drift_reads_fused_and_padded_layouts():
     """expected_weights fuses q/k/v and gate/up as vLLM does; weight_drift compares only the real
     vocabulary rows, and a missing or differently shaped weight is infinitely far."""
