@@ -68,6 +68,14 @@ def assert_one_line_error(result, *needles: str) -> None:
     BAD_INPUTS["clean"] += 1
 
 
+def train_run(recipe: Path) -> tuple[Path, list[dict]]:
+    """`hflow train RECIPE` to its end: the run directory and its events, one dict per step."""
+    full = run_hflow("train", str(recipe))
+    assert full.returncode == 0, full.stderr[-3000:]
+    run = Path(full.stdout.strip().splitlines()[-1])
+    return run, read_events(run)
+
+
 def read_events(run: Path) -> list[dict]:
     """A run directory's events.jsonl, one dict per step."""
     return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]

@@ -84,11 +84,7 @@ def test_a_live_run_refuses_resume_and_stops_cleanly_on_sigterm(tmp_path, tiny_m
 
 @pytest.mark.slow
 def test_sigterm_on_the_ray_backend_stops_without_a_stack_dump(tmp_path, tiny_model):
-    pytest.importorskip("ray")
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_model, cluster={"cpu_slots": 2},
-                          placement={"backend": "ray", "mode": "split"},
-                          trainer={"total_steps": 1000, "save_every": 1, "output_dir": str(tmp_path / "runs")})
-    proc = _start(recipe, env={"RAY_AUTH_MODE": "disabled"})
+    proc = _start_on_ray(tmp_path, tiny_model)
     try:
         run = _running(tmp_path / "runs", proc)
         family = _family(proc)
@@ -104,11 +100,7 @@ def test_kill_9_on_the_ray_backend_leaves_no_ray_process_and_resumes(tmp_path, t
     """kill -9 of hflow: Ray's processes end by Ray's own fate-sharing (the GCS, raylet and
     workers at once; its two agents about a minute later, see the README), and the run resumes
     with every step once."""
-    pytest.importorskip("ray")
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_model, cluster={"cpu_slots": 2},
-                          placement={"backend": "ray", "mode": "split"},
-                          trainer={"total_steps": 1000, "save_every": 1, "output_dir": str(tmp_path / "runs")})
-    proc = _start(recipe, env={"RAY_AUTH_MODE": "disabled"})
+    proc = _start_on_ray(tmp_path, tiny_model)
     try:
         run = _running(tmp_path / "runs", proc)
         family = _family(proc)
@@ -122,6 +114,15 @@ def test_kill_9_on_the_ray_backend_leaves_no_ray_process_and_resumes(tmp_path, t
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [e["step"] for e in read_events(run)] == list(range(1, done + 3))
     _gone(family, within_s=120)
+
+
+def _start_on_ray(tmp_path: Path, tiny_model: Path) -> subprocess.Popen:
+    """A long run on the Ray backend, split over two CPU slots, checkpointing every step."""
+    pytest.importorskip("ray")
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model, cluster={"cpu_slots": 2},
+                          placement={"backend": "ray", "mode": "split"},
+                          trainer={"total_steps": 1000, "save_every": 1, "output_dir": str(tmp_path / "runs")})
+    return _start(recipe, env={"RAY_AUTH_MODE": "disabled"})
 
 
 def _family(proc: subprocess.Popen) -> list:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from helpers import read_events, resume_after_crash, run_hflow, write_recipe
+from helpers import read_events, resume_after_crash, run_hflow, train_run, write_recipe
 
 COMPARED = ["reward/mean", "kl/mean", "actor/loss", "actor/grad_norm", "actor/lr", "critic/loss",
             "critic/grad_norm", "critic/lr"]
@@ -29,10 +29,7 @@ def test_lora_resume_equals_uninterrupted_and_the_actor_is_the_reference(tmp_pat
         trainer={"total_steps": 6, "prompts_per_step": 8, "save_every": 3, "keep_checkpoints": 3,
                  "output_dir": str(tmp_path / "runs")},
     )
-    full = run_hflow("train", str(recipe))
-    assert full.returncode == 0, full.stderr[-3000:]
-    run = Path(full.stdout.strip().splitlines()[-1])
-    reference = read_events(run)
+    run, reference = train_run(recipe)
     plan = json.loads((run / "plan.json").read_text())
     assert set(plan["roles"]) == {"actor", "critic", "reward"}  # no second (reference) model
     # ... yet the KL to it is measured: 0 at step 1 (B starts at zero: adapters on = off), then not

@@ -1,11 +1,10 @@
 """A run resumed from a checkpoint logs the same metrics as the uninterrupted run."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-from helpers import read_events, resume_after_crash, run_hflow, write_recipe
+from helpers import resume_after_crash, train_run, write_recipe
 
 COMPARED = ["reward/mean", "kl/mean", "entropy/mean", "response_length/mean", "actor/loss",
             "actor/grad_norm", "actor/lr"]
@@ -22,10 +21,7 @@ def test_resume_equals_uninterrupted(tmp_path, tiny_model, zero_stage):
                  "output_dir": str(tmp_path / "runs")},
         grpo={"kl_coef": 0.01},
     )
-    full = run_hflow("train", str(recipe))
-    assert full.returncode == 0, full.stderr[-3000:]
-    run = Path(full.stdout.strip().splitlines()[-1])
-    reference = read_events(run)
+    run, reference = train_run(recipe)
 
     again = resume_after_crash(run)
     assert [e["step"] for e in again] == [1, 2, 3, 4, 5, 6]
@@ -41,10 +37,7 @@ def test_resume_before_the_first_checkpoint_starts_over_without_repeating_steps(
     recipe = write_recipe(tmp_path / "r.yaml", tiny_model,
                           trainer={"total_steps": 3, "prompts_per_step": 8, "save_every": 0,
                                    "output_dir": str(tmp_path / "runs")})
-    full = run_hflow("train", str(recipe))
-    assert full.returncode == 0, full.stderr[-3000:]
-    run = Path(full.stdout.strip().splitlines()[-1])
-    reference = read_events(run)
+    run, reference = train_run(recipe)
 
     again = resume_after_crash(run, crashed_after=2, last=3)  # no checkpoint existed at the crash
     assert [e["step"] for e in again] == [1, 2, 3]

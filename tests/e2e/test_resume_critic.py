@@ -2,11 +2,10 @@
 adaptive KL coefficient, the Lagrange multiplier and the PTX draws all continue exactly."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-from helpers import read_events, resume_after_crash, run_hflow, write_recipe
+from helpers import resume_after_crash, train_run, write_recipe
 
 COMPARED = ["reward/mean", "kl/mean", "kl/coef", "actor/loss", "actor/grad_norm", "actor/lr",
             "critic/loss", "critic/grad_norm", "critic/vf_explained_var", "critic/lr"]
@@ -33,10 +32,7 @@ def test_resume_equals_uninterrupted_with_critics(tmp_path, tiny_model, algorith
         trainer={"total_steps": 6, "prompts_per_step": 8, "save_every": 3, "keep_checkpoints": 3,
                  "output_dir": str(tmp_path / "runs")},
     )
-    full = run_hflow("train", str(recipe))
-    assert full.returncode == 0, full.stderr[-3000:]
-    run = Path(full.stdout.strip().splitlines()[-1])
-    reference = read_events(run)
+    run, reference = train_run(recipe)
     state = json.loads((run / "checkpoints" / "step_000003" / "trainer_state.json").read_text())
     assert "kl_controller" in state and ("lagrangian" in state) == (algorithm == "safe_rlhf")
     roles = {p.name for p in (run / "checkpoints" / "step_000003").iterdir() if p.is_dir()}

@@ -1,11 +1,10 @@
 """`hflow train` with `rollout.engine: vllm` through the CLI, with the real vLLM (its CPU build
 here): GRPO learns, and a run resumed from a checkpoint logs what the uninterrupted run logged."""
 
-from pathlib import Path
 
 import pytest
 
-from helpers import read_events, resume_after_crash, run_hflow, write_recipe
+from helpers import resume_after_crash, train_run, write_recipe
 
 COMPARED = ["reward/mean", "kl/mean", "entropy/mean", "response_length/mean", "actor/loss",
             "actor/grad_norm", "actor/lr"]
@@ -21,10 +20,7 @@ def test_grpo_with_vllm_learns_and_resumes_exactly(tmp_path, tiny_model, real_vl
                  "output_dir": str(tmp_path / "runs")},
         grpo={"kl_coef": 0.001},
     )
-    full = run_hflow("train", str(recipe))
-    assert full.returncode == 0, full.stderr[-3000:]
-    run = Path(full.stdout.strip().splitlines()[-1])
-    reference = read_events(run)
+    run, reference = train_run(recipe)
     rewards = [e["reward/mean"] for e in reference]
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.15, rewards  # it learned
 
