@@ -38,3 +38,8 @@ def one_nan_at_second_call(prompts, responses, **columns):
 
 def returns_none(prompts, responses, **columns):
     return None
+
+
+def constant(prompts, responses, **columns):
+    """The same score for every response: every group's rewards are equal (DAPO drops them all)."""
+    return [1.0] * len(responses)

@@ -2,6 +2,7 @@
 real CLI: each one learns (reward/mean rises), and `--resume` after a crash continues exactly."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,20 @@ def test_tiny_recipe_learns_and_resumes_exactly(tmp_path, recipe):
     for before, after in zip(events[35:], again[35:]):
         for key in compared:
             assert after[key] == pytest.approx(before[key], rel=1e-5, abs=1e-7), (after["step"], key)
+
+
+@pytest.mark.slow
+def test_dapo_at_its_sampling_cap_fills_the_step_with_dropped_groups(tmp_path):
+    """A reward that never varies: every round drops every group, the cap (3 rounds) is hit, and
+    the step is filled with dropped groups, whose advantage is 0, so the policy loss is 0."""
+    tests = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    result = run_hflow("train", "dapo/tiny", "--output-dir", str(tmp_path / "runs"),
+                       "--set", "reward.function=faulty_rewards:constant", "--set", "dapo.overlong_buffer=0",
+                       "--set", "trainer.total_steps=2", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = next((tmp_path / "runs").glob("dapo-tiny-*"))
+    for event in read_events(run):
+        assert event["dapo/sampling_rounds"] == 3 and event["dapo/dropped_groups"] == 3 * 8, event
+        assert event["dapo/filled_groups"] == 8 and event["reward/mean"] == 1.0, event
+        assert event["actor/pg_loss"] == 0, event
