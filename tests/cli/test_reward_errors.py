@@ -27,6 +27,13 @@ def _train(tmp_path: Path, tiny_model: Path, function: str, extra_path: Path | N
     return result, run, json.loads((run / "status.json").read_text())
 
 
+def _failed_after_step_1(result, run: Path, status: dict, line: str) -> None:
+    """The run stopped at step 2 with `line`: status failed at step 1, step 1's checkpoint intact."""
+    assert _last_line(result) == f"error: {line}"
+    assert status["status"] == "failed" and status["step"] == 1 and status["error"] == line
+    assert (run / "checkpoints" / "step_000001" / "COMPLETE").exists()
+
+
 def _last_line(result) -> str:
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
@@ -38,9 +45,7 @@ def test_a_raising_reward_function_is_one_line(tmp_path, tiny_model):
     result, run, status = _train(tmp_path, tiny_model, "faulty_rewards:raises_at_second_call")
     line = ("reward.function 'faulty_rewards:raises_at_second_call' raised ValueError: "
             "the reward service is down")
-    assert _last_line(result) == f"error: {line}"
-    assert status["status"] == "failed" and status["step"] == 1 and status["error"] == line
-    assert (run / "checkpoints" / "step_000001" / "COMPLETE").exists()
+    _failed_after_step_1(result, run, status, line)
     assert "faulty_rewards.py" in (run / "train.log").read_text()  # the function's traceback, for its author
 
 
@@ -57,8 +62,6 @@ def test_a_nan_reward_stops_the_run_by_default(tmp_path, tiny_model):
     result, run, status = _train(tmp_path, tiny_model, "faulty_rewards:one_nan_at_second_call")
     line = ("reward.function 'faulty_rewards:one_nan_at_second_call' returned 1 non-finite score of 4 at "
             "step 2 (nan); set trainer.on_nonfinite: skip_step to skip such steps")
-    assert _last_line(result) == f"error: {line}"
-    assert status["status"] == "failed" and status["step"] == 1 and status["error"] == line
+    _failed_after_step_1(result, run, status, line)
     assert [e["step"] for e in read_events(run)] == [1]
-    assert (run / "checkpoints" / "step_000001" / "COMPLETE").exists()
     assert not (run / "checkpoints" / "step_000002").exists()

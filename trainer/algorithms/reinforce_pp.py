@@ -14,8 +14,8 @@ from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer import advantages
 from hflow.trainer.algorithms.grpo import run_outcome_loop
+from hflow.trainer.algorithms.ppo import token_kl
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.losses import kl_estimate
 from hflow.trainer.rundir.writer import RunDir
 
 
@@ -26,11 +26,8 @@ def train(recipe: Recipe, run: RunDir) -> None:
 
 def compute_advantages(batch: Batch, recipe: Recipe) -> Batch:
     """Token rewards (score on the last token, -beta x KL on each), reward-to-go, whitened."""
-    kl_cfg, mask = recipe.kl, batch[col.RESPONSE_MASK]
-    kl = None
-    if col.REF_LOG_PROBS in batch:
-        kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], kl_cfg.estimator)
-    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, kl_cfg.coef)
+    mask = batch[col.RESPONSE_MASK]
+    rewards = advantages.token_rewards(batch[col.SCORES], mask, token_kl(batch, recipe), recipe.kl.coef)
     adv, returns = advantages.reinforce_plus_plus(rewards, mask, recipe.reinforce_pp.gamma)
     return Batch({col.TOKEN_REWARDS: rewards, col.ADVANTAGES: adv, col.RETURNS: returns})
 
