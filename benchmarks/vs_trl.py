@@ -1,62 +1,74 @@
-"""hflow's GRPO step throughput against TRL's GRPOTrainer, side by side in one process.
+"""hflow's GRPO step against TRL's GRPOTrainer, side by side, over a scan of model sizes.
 
     pip install -e '.[bench]'            # TRL is a benchmark-only dependency
-    python benchmarks/vs_trl.py [--steps 12] [--rounds 2] [--size tiny|small | --model DIR]
-                                [--engine hf|vllm] [--prompts 16] [--max-new 64] [--threads N] [--json]
+    python benchmarks/vs_trl.py [--sizes tiny | small,medium,base] [--tokenizer char|bpe] [--model DIR]
+                                [--steps 12] [--rounds 2] [--engine hf|vllm] [--prompts 16] [--max-new 64]
+                                [--threads N] [--busy K] [--json]
 
-Both train the same model (a locally built one of --size, or the Hugging Face directory --model,
-e.g. SmolLM2-135M-Instruct from `hflow init-model smollm2-135m-instruct DIR`) on the same prompts
-(the synthetic `digits` task) with matching settings: --prompts prompts x n = 4 samples per step,
-responses up to --max-new tokens, temperature 1, one optimizer step per RL step, no KL term
-(TRL's default beta = 0), fp32 on the CPU, the same torch thread count. hflow generates with
---engine; with vllm it also rescores the rollout before the update (the engine requires it), a
-pass TRL does not make at num_iterations=1. The metric is the paper's: prompt + response tokens
-of the step's batch divided by the step's wall time.
+Both train the same model (a locally built Llama of each --sizes entry: tiny 0.1M, small 3.4M,
+medium 27M, base 85M parameters, with the character tokenizer or a 512-token byte-level BPE
+trained here; or the Hugging Face directory --model) on the same prompts (the synthetic
+`digits` task) with matching settings: --prompts prompts x n = 4 samples per step, responses up
+to --max-new tokens, temperature 1, one optimizer step per RL step, no KL term (TRL's default
+beta = 0), fp32 on the CPU, --threads torch threads (default: torch's own count). hflow runs as
+users run it, `hflow train` in its own process (with the command's CPU thread settings,
+`cli/cpu_threads.py`); TRL runs in its own process with its defaults. With --engine vllm hflow
+also rescores the rollout before the update (the engine requires it), a pass TRL does not make.
 
-The speed of a shared machine drifts over seconds, so the two alternate in rounds ordered
-hflow, TRL, TRL, hflow, ... (each round a fresh run); a framework's figure is the median over
-all its steps after each run's two warm-up steps, and every round's ratio is reported too.
+Per run the figure is the median over its steps after two warm-up steps; the two frameworks
+alternate in rounds (hflow, TRL, TRL, hflow, ...) because a shared machine's speed drifts.
+Printed per size: seconds per step, tokens per second (prompt + response tokens of the step's
+batch over its wall time), every round's ratio, and the step's achieved FLOP/s, 8 x parameters x
+tokens per second (2 per token to generate it, 6 to train on it; the input embedding, a lookup,
+not counted) against the machine's fp32 matrix-product peak measured here at the same thread
+count. --busy K runs K spinning processes beside every run (a shared laptop or CI runner).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import math
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-
-import torch
+from pathlib import Path
 
 N = 4
-PROMPTS, MAX_NEW, LR = 16, 64, 1e-3  # defaults of --prompts, --max-new, --lr
+WARMUP = 2
 
 
-def run_hflow(model_dir: str, steps: int, out: str, engine: str = "hf") -> dict:
-    from hflow.trainer.algorithms import grpo
-    from hflow.trainer.config.load import load_recipe
-    from hflow.trainer.rundir.writer import RunDir
-
-    recipe, _ = load_recipe("grpo/quickstart", [
-        f"model.path={model_dir}", "model.init=null", f"trainer.total_steps={steps}", "trainer.save_every=0",
-        f"trainer.prompts_per_step={PROMPTS}", f"rollout.n={N}", f"rollout.max_response_length={MAX_NEW}",
-        "grpo.kl_coef=0", f"actor.lr={LR}", f"actor.mini_batch_size={PROMPTS * N}",
-        f"actor.micro_batch_size={PROMPTS * N}", "logging.samples_per_step=0", "logging.progress=lines",
+def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
+    engine = a.engine
+    sets = [
+        f"model.path={model_dir}", "model.init=null", f"trainer.total_steps={a.steps}", "trainer.save_every=0",
+        f"trainer.prompts_per_step={a.prompts}", f"rollout.n={N}", f"rollout.max_response_length={a.max_new}",
+        "grpo.kl_coef=0", f"actor.lr={a.lr}", f"actor.mini_batch_size={a.prompts * N}",
+        f"actor.micro_batch_size={a.prompts * N}", "logging.samples_per_step=0", "logging.progress=lines",
         f"rollout.engine={engine}",
         # One update per step is exactly on-policy: like TRL at num_iterations=1, no second scoring
         # pass (the vllm engine always rescores: it reports no entropy).
         f"actor.recompute_old_log_probs={'true' if engine == 'vllm' else 'false'}",
-    ])
-    recipe.name = "bench-hflow"
-    run = RunDir.create(recipe, out)
-    grpo.train(recipe, run)
-    run.close()
-    events = run.events()[2:]
-    return {"tokens_per_s": [e["throughput/tokens_per_s"] for e in events],
-            "step_s": [e["timing/step"] for e in events]}
+    ]
+    cmd = [sys.executable, "-m", "hflow", "train", "grpo/quickstart", "--output-dir", out]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
 
 
-def run_trl(model_dir: str, steps: int, out: str, threads: int) -> dict:
+def read_hflow(out: str) -> dict:
+    events = [json.loads(line) for path in glob.glob(f"{out}/*/events.jsonl") for line in open(path)]
+    steps = [e for e in events if "timing/step" in e][WARMUP:]
+    return {"tokens_per_s": [e["throughput/tokens_per_s"] for e in steps], "step_s": [e["timing/step"] for e in steps]}
+
+
+def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
+    """One TRL run in this process (the `--run trl` child); per-step lists after the warm-up."""
+    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -64,10 +76,10 @@ def run_trl(model_dir: str, steps: int, out: str, threads: int) -> dict:
     from hflow.trainer.data.rewards import synthetic
     from hflow.trainer.data.tasks import make_rows
 
+    threads = torch.get_num_threads()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    rows = make_rows("digits", PROMPTS * (steps + 1), seed=0)
-    dataset = Dataset.from_list(rows)
+    dataset = Dataset.from_list(make_rows("digits", a.prompts * (a.steps + 1), seed=0))
     tokens: list[int] = []
 
     def reward(prompts, completions, task, answer, **_):
@@ -91,8 +103,8 @@ def run_trl(model_dir: str, steps: int, out: str, threads: int) -> dict:
 
     clock = StepClock()
     config = GRPOConfig(
-        output_dir=out, per_device_train_batch_size=PROMPTS * N, num_generations=N,
-        max_completion_length=MAX_NEW, learning_rate=LR, max_steps=steps, beta=0.0, temperature=1.0,
+        output_dir=a.out, per_device_train_batch_size=a.prompts * N, num_generations=N,
+        max_completion_length=a.max_new, learning_rate=a.lr, max_steps=a.steps, beta=0.0, temperature=1.0,
         num_iterations=1, gradient_accumulation_steps=1, steps_per_generation=1, logging_steps=1,
         report_to="none", save_strategy="no", use_cpu=True, bf16=False, shuffle_dataset=False,
         lr_scheduler_type="constant", seed=0,
@@ -100,64 +112,159 @@ def run_trl(model_dir: str, steps: int, out: str, threads: int) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[clock])
     trainer.train()
-    return {"tokens_per_s": [t / s for t, s in zip(tokens[2:], clock.times[2:])], "step_s": clock.times[2:]}
+    return {"tokens_per_s": [t / s for t, s in zip(tokens[WARMUP:], clock.times[WARMUP:])],
+            "step_s": clock.times[WARMUP:]}
+
+
+def build_model(out: str, size: str, tokenizer: str) -> Path:
+    """A locally built Llama of `size` with the character tokenizer or a 512-token byte-level BPE."""
+    from hflow.engine.models.loading import build_tiny_model
+    if tokenizer == "char":
+        return build_tiny_model(out, size)
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from hflow.engine.models.loading import tiny_config
+    bpe = build_bpe_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(tiny_config(bpe, size))
+    model.save_pretrained(out, safe_serialization=True)
+    bpe.save_pretrained(out)
+    return Path(out)
+
+
+def build_bpe_tokenizer(vocab: int = 512):
+    """A byte-level BPE of `vocab` tokens trained on the digits task's text and random characters."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from hflow.engine.models.loading import BOS, EOS, PAD, TINY_CHARS, TINY_CHAT_TEMPLATE
+    rng = random.Random(0)
+    corpus = ["make digits: " + "".join(rng.choice(TINY_CHARS) for _ in range(rng.randint(5, 80)))
+              for _ in range(5000)]
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=[PAD, BOS, EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS)
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def flop_params(model_dir: Path) -> int:
+    """Parameters that cost 2 FLOPs per token forward: all but the input embedding's lookup."""
+    from safetensors import safe_open
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys() if "embed_tokens" not in name)
+
+
+def matmul_peak(env: dict) -> float:
+    code = "from hflow.trainer.control.bench import matmul_peak_flops; print(matmul_peak_flops())"
+    return float(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                                text=True).stdout.split()[-1])
+
+
+class Busy:
+    """`k` processes spinning on the CPU while a run is timed."""
+
+    def __init__(self, k: int):
+        self.k, self.procs = k, []
+
+    def __enter__(self):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.k)]
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def one_run(name: str, model_dir: Path, out: str, a: argparse.Namespace, env: dict) -> dict:
+    if name == "hflow":
+        cmd = hflow_command(str(model_dir), out, a)
+    else:
+        cmd = [sys.executable, __file__, "--run", "trl", "--model", str(model_dir), "--out", out,
+               *[f"--{k}={getattr(a, k.replace('-', '_'))}" for k in ("steps", "prompts", "max-new", "lr")]]
+    with Busy(a.busy):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    if done.returncode != 0:
+        sys.exit(f"{name} run failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return read_hflow(out) if name == "hflow" else json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def scan_size(label: str, model_dir: Path, tmp: str, a: argparse.Namespace, env: dict, peak: float) -> dict:
+    steps = {name: {"tokens_per_s": [], "step_s": []} for name in ("hflow", "trl")}
+    rounds = []
+    for i in range(a.rounds):
+        medians = {}
+        for name in (["hflow", "trl"] if i % 2 == 0 else ["trl", "hflow"]):
+            result = one_run(name, model_dir, f"{tmp}/{label}-{name}-{i}", a, env)
+            for key in steps[name]:
+                steps[name][key] += result[key]
+            medians[name] = statistics.median(result["tokens_per_s"])
+        rounds.append({**medians, "ratio": medians["hflow"] / medians["trl"]})
+    params = flop_params(model_dir)
+    out = {"model": label, "parameters": params, "rounds": rounds}
+    for name, v in steps.items():
+        tps = statistics.median(v["tokens_per_s"])
+        out[name] = {"tokens_per_s": tps, "step_s": statistics.median(v["step_s"]),
+                     "flops_per_s": 8 * params * tps, "of_peak": 8 * params * tps / peak}
+    out["ratio"] = out["hflow"]["tokens_per_s"] / out["trl"]["tokens_per_s"]
+    return out
 
 
 def main() -> None:
-    global PROMPTS, MAX_NEW, LR  # the run functions read the settings chosen on the command line
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=12, help="steps per run (the first 2 are warm-up)")
+    parser.add_argument("--sizes", default="tiny", help="comma-separated: tiny, small, medium, base")
+    parser.add_argument("--tokenizer", default="char", choices=["char", "bpe"])
+    parser.add_argument("--model", default=None, help="a Hugging Face model directory instead of --sizes")
+    parser.add_argument("--steps", type=int, default=12, help=f"steps per run (the first {WARMUP} are warm-up)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each framework, alternating")
-    parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
-    parser.add_argument("--model", default=None, help="a Hugging Face model directory instead of --size")
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hflow's generation engine")
-    parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per step (x 4 samples)")
-    parser.add_argument("--max-new", type=int, default=MAX_NEW, help="most new tokens per response")
-    parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--prompts", type=int, default=16, help="prompts per step (x 4 samples)")
+    parser.add_argument("--max-new", type=int, default=64, help="most new tokens per response")
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
+    parser.add_argument("--busy", type=int, default=0, help="spinning processes beside every run")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    if args.steps < 3:
-        parser.error("--steps must be at least 3 (two warm-up steps are dropped)")
-    threads = args.threads or torch.get_num_threads()
-    PROMPTS, MAX_NEW, LR = args.prompts, args.max_new, args.lr
-
-    from hflow.cli.quiet import quiet_libraries
-    from hflow.engine.models.loading import build_tiny_model
-
-    quiet_libraries()
-    runs = {"hflow": lambda model, steps, out: run_hflow(model, steps, out, args.engine),
-            "trl": lambda model, steps, out: run_trl(model, steps, out, threads)}
-    steps: dict[str, dict[str, list[float]]] = {name: {"tokens_per_s": [], "step_s": []} for name in runs}
-    rounds = []
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = args.model or str(build_tiny_model(f"{tmp}/model", args.size))
-        for i in range(args.rounds):
-            order = ["hflow", "trl"] if i % 2 == 0 else ["trl", "hflow"]
-            medians = {}
-            for name in order:
-                torch.set_num_threads(threads)  # accelerate may change it: every run gets the same
-                result = runs[name](model_dir, args.steps, f"{tmp}/{name}-{i}")
-                for key in steps[name]:
-                    steps[name][key] += result[key]
-                medians[name] = statistics.median(result["tokens_per_s"])
-            rounds.append({**medians, "ratio": medians["hflow"] / medians["trl"]})
-    summary = {name: {"tokens_per_s": statistics.median(v["tokens_per_s"]), "step_s": statistics.median(v["step_s"])}
-               for name, v in steps.items()}
-    result = {"model": args.model or args.size, "engine": args.engine, "threads": threads, "prompts_per_step": PROMPTS, "n": N,
-              "max_response_length": MAX_NEW, "rounds": rounds, **summary,
-              "ratio": summary["hflow"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]}
-    if args.json:
-        print(json.dumps(result))
+    parser.add_argument("--run", choices=["trl"], help=argparse.SUPPRESS)  # one TRL run (a child process)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.run:
+        print(json.dumps(run_trl(a.model, a)))
         return
-    print(f"model {result['model']}, hflow engine {args.engine}, {PROMPTS} prompts x {N} samples, up to {MAX_NEW} new tokens, {threads} threads, "
-          f"{args.rounds} rounds of {args.steps} steps")
-    for i, r in enumerate(rounds):
-        print(f"round {i + 1}: hflow {r['hflow']:.0f} tokens/s, TRL {r['trl']:.0f} tokens/s, ratio {r['ratio']:.2f}x")
-    print(f"{'median':8}{'tokens/s':>10}{'s/step':>9}")
+    if a.steps <= WARMUP:
+        parser.error(f"--steps must be more than {WARMUP} (the warm-up steps are dropped)")
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}), "WANDB_MODE": "disabled"}
+    peak = matmul_peak(env)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        models = [(a.model, Path(a.model))] if a.model else [
+            (f"{s}-{a.tokenizer}", build_model(f"{tmp}/{s}", s, a.tokenizer)) for s in a.sizes.split(",")]
+        for label, model_dir in models:
+            results.append(scan_size(label, model_dir, tmp, a, env, peak))
+            if not a.json:
+                report(results[-1], a)
+    if a.json:
+        print(json.dumps({"fp32_peak_flops_per_s": peak, "busy": a.busy, "engine": a.engine, "sizes": results}))
+    else:
+        print(f"fp32 matrix-product peak here: {peak / 1e9:.0f} GFLOP/s; {a.busy} busy processes beside each run")
+
+
+def report(r: dict, a: argparse.Namespace) -> None:
+    print(f"\n{r['model']}: {r['parameters'] / 1e6:.1f}M parameters, hflow engine {a.engine}, {a.prompts} prompts "
+          f"x {N}, up to {a.max_new} new tokens, {a.rounds} rounds of {a.steps} steps, {a.busy} busy processes")
+    print("rounds (hflow / TRL):", ", ".join(f"{x['ratio']:.2f}x" for x in r["rounds"]))
+    print(f"{'':8}{'s/step':>9}{'tokens/s':>10}{'GFLOP/s':>9}{'of peak':>9}")
     for name in ("hflow", "trl"):
-        print(f"{name:8}{result[name]['tokens_per_s']:>10.0f}{result[name]['step_s']:>9.3f}")
-    print(f"ratio hflow / TRL: {result['ratio']:.2f}x")
+        m = r[name]
+        print(f"{name:8}{m['step_s']:>9.3f}{m['tokens_per_s']:>10.0f}{m['flops_per_s'] / 1e9:>9.1f}{m['of_peak']:>9.0%}")
+    print(f"ratio hflow / TRL: {r['ratio']:.2f}x")
 
 
 if __name__ == "__main__":
