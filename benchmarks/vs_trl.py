@@ -61,7 +61,8 @@ def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
 
 
 def read_hflow(out: str) -> dict:
-    events = [json.loads(line) for path in glob.glob(f"{out}/*/events.jsonl") for line in open(path)]
+    events = [json.loads(line) for path in glob.glob(f"{out}/*/events.jsonl")
+              for line in Path(path).read_text().splitlines()]
     steps = [e for e in events if "timing/step" in e][WARMUP:]
     return {"tokens_per_s": [e["throughput/tokens_per_s"] for e in steps], "step_s": [e["timing/step"] for e in steps]}
 
@@ -82,9 +83,10 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
     dataset = Dataset.from_list(make_rows("digits", a.prompts * (a.steps + 1), seed=0))
     tokens: list[int] = []
 
-    def reward(prompts, completions, task, answer, **_):
-        tokens.append(sum(len(tokenizer(p + c, add_special_tokens=False).input_ids) for p, c in
-                          zip(prompts, completions)))
+    def reward(prompts, completions, task, answer, completion_ids, **_):
+        # The sampled ids, not the decoded text re-tokenized (a BPE's random bytes re-encode longer).
+        tokens.append(sum(len(tokenizer(p, add_special_tokens=False).input_ids) + len(ids) for p, ids in
+                          zip(prompts, completion_ids)))
         return synthetic(prompts, completions, task=task, answer=answer)
 
     class StepClock(TrainerCallback):

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from hflow.cli.quiet import quiet_libraries
-from hflow.engine.models.loading import build_tiny_model
+from hflow.engine.models.loading import build_tiny_model, cpu_has_native_bf16
 from hflow.errors import RunFailed, UserError
 from hflow.trainer.algorithms.registry import trainer_for
 from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
@@ -55,6 +55,7 @@ def train(
             if loaded.model.init and not Path(loaded.model.path).exists():
                 build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)
             check_inputs(loaded)  # before a run directory is made for them
+            _note_slow_bf16(loaded)
             run = RunDir.reopen(resume, loaded) if resume is not None else RunDir.create(loaded, output_dir)
             run.ray_address = ray_address
             typer.echo(f"run directory: {run.path}", err=True)
@@ -68,6 +69,15 @@ def train(
             typer.echo(f"error: {stop_message(err)}{where}", err=True)
             raise typer.Exit(stop_exit_code(err)) from None
     typer.echo(str(run.path))
+
+
+def _note_slow_bf16(recipe: Recipe) -> None:
+    """One line when bf16 was asked for on a CPU that can only emulate it (the run is slower)."""
+    import torch
+
+    if recipe.model.dtype == "bfloat16" and not torch.cuda.is_available() and cpu_has_native_bf16() is False:
+        typer.echo("note: model.dtype bfloat16 on a CPU without AVX512-BF16 or AMX: torch emulates bf16 "
+                   "matrix products here, many times slower than float32 (model.dtype: float32 or auto)", err=True)
 
 
 def _recipe(recipe: Optional[str], set_: list[str], resume: Optional[Path]) -> tuple[Recipe, str]:

@@ -160,3 +160,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX), from the
+    flags in /proc/cpuinfo (or `cpuinfo`); None where that file does not exist.
+
+    Without them torch emulates bf16 products: measured on an AVX2-only EPYC, 0.8 GFLOP/s
+    against 91 in float32; on a CPU with AMX, 530 against 200 (README, "Performance")."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
