@@ -119,3 +119,41 @@ def test_async_on_another_backend_is_a_user_error():
                                         "uses ray"):
         with rollouts(FakeSession(FakeActor(), 2, backend="ray")):
             pass
+
+
+def test_a_generator_failure_in_a_real_run_marks_it_failed_at_its_last_trained_step(tiny_model, tmp_path,
+                                                                                     monkeypatch):
+    import json
+
+    from hflow.engine.groups.dispatch import Dispatch, register
+    from hflow.engine.workers.actor import ActorWorker
+    from hflow.trainer.algorithms import grpo
+    from hflow.trainer.config.load import build_recipe
+    from hflow.trainer.rundir.writer import RunDir
+
+    real = ActorWorker.generate_async
+
+    def fails_at_step_2(self, prompts):
+        if prompts.meta["step"] == 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(self, prompts)
+
+    monkeypatch.setattr(ActorWorker, "generate_async", register(Dispatch.DP_COMPUTE)(fails_at_step_2))
+    recipe = build_recipe({
+        "name": "async-failing", "algorithm": "grpo", "model": {"path": str(tiny_model)},
+        "data": {"train": "synthetic:digits", "synthetic_size": 64},
+        "rollout": {"n": 2, "max_response_length": 4},
+        "actor": {"micro_batch_size": 4},
+        "trainer": {"total_steps": 3, "prompts_per_step": 2, "save_every": 0, "mode": "async", "max_staleness": 1},
+        "logging": {"progress": "lines"},
+    }, {}, "test")
+    run = RunDir.create(recipe, str(tmp_path / "runs"))
+    try:
+        with pytest.raises(RunFailed):
+            grpo.train(recipe, run)
+    finally:
+        run.close()
+    status = json.loads((run.path / "status.json").read_text())
+    assert status["status"] == "failed" and status["step"] == 1
+    assert status["error"] == ("the async rollout generator failed at step 2: RuntimeError: CUDA error: an illegal "
+                               "memory access was encountered")
