@@ -9,7 +9,9 @@ Its `version` is the policy version it holds (the number of steps trained when i
 refreshed), stamped on every row it generates (`columns.POLICY_VERSION`).
 
 A lock makes a refresh and a generation exclusive: a generation runs start to end on one version,
-and a refresh waits for the generation in progress. The copy costs one more set of weights in the
+and a refresh waits for the generation in progress. `cancel()` stops a generation in progress at
+its next token (`generation.GenerationCancelled`): the run is ending, and the thread generating
+must not outlive it. The copy costs one more set of weights in the
 generation dtype (no gradients, no optimizer state).
 """
 
@@ -35,6 +37,7 @@ class GeneratorCopy:
         self.bucket_bytes = bucket_bytes
         self.params = dict(model.named_parameters())
         self.generator = HFGenerator(model, eos, pad_token_id, batch_size)
+        self.generator.cancel = threading.Event()
         self.lock = threading.Lock()
         self.version = -1  # nothing copied yet
 
@@ -51,6 +54,10 @@ class GeneratorCopy:
                     self.params[name].copy_(tensor)
             self.version = version
         return stats
+
+    def cancel(self) -> None:
+        """End the generation in progress, and any later one, at its next token (from any thread)."""
+        self.generator.cancel.set()
 
     def generate(self, prompt_ids: list[list[int]], n: int, params: SamplingParams,
                  rng: torch.Generator) -> tuple[dict[str, torch.Tensor], int]:

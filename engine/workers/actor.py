@@ -168,6 +168,12 @@ class ActorWorker(Worker):
                                             zero3=self.spec.optim.zero_stage == 3)
         return {"seconds": stats.seconds, "bytes": float(stats.bytes)}
 
+    @register(Dispatch.ONE_TO_ALL)
+    def cancel_generation(self) -> None:
+        """Stop the generator copy's generation in progress at its next token (the run is ending)."""
+        if self.generator_copy is not None:
+            self.generator_copy.cancel()
+
     def _sampling(self, prompts: Batch) -> tuple[SamplingParams, int, torch.Generator]:
         """How to sample `prompts`: the parameters, responses per prompt and the seeded generator."""
         r = self.spec.rollout

@@ -82,6 +82,8 @@ class AsyncRollout:
                     self.busy_s += time.perf_counter() - started
                     self.cond.notify_all()
         except BaseException as err:  # handed to the controller, which ends the run with it
+            if self.stopping:
+                return  # cancelled: the run is ending for its own reason
             if not isinstance(err, (UserError, RunFailed)):
                 failed = RunFailed(f"the async rollout generator failed at step {step}: {type(err).__name__}: {err}")
                 failed.__cause__ = err
@@ -119,12 +121,16 @@ class AsyncRollout:
         return {**self._step_metrics, "async/generate_busy_s": busy, "async/generate_idle_s": idle,
                 "async/train_idle_s": timings.get("wait_rollout", 0.0) + timings.get("refresh_generator", 0.0)}
 
-    def stop(self, wait: bool) -> None:
+    def stop(self, cancel: bool) -> None:
+        """End the producer: with `cancel` (the run failed or was stopped), its generation in
+        progress stops at the next token. The thread is always joined: torch must not be mid-op in
+        it when the process exits."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        if wait and self.thread.is_alive():
-            self.thread.join()
+        if cancel:
+            self.actor.cancel_generation()
+        self.thread.join()
 
 
 def staleness_metrics(batch: Batch, trained_version: int, max_staleness: int) -> dict[str, float]:
@@ -157,4 +163,4 @@ def rollouts(session) -> Iterator[SyncRollout | AsyncRollout]:
         yield producer
         finished = True
     finally:
-        producer.stop(wait=finished)  # on an error the run ends now, not after the rollout in flight
+        producer.stop(cancel=not finished)  # on an error the run ends now, not after the rollout in flight

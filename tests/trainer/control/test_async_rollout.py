@@ -17,8 +17,10 @@ from hflow.trainer.control.async_rollout import AsyncRollout, rollouts, stalenes
 class FakeActor:
     """Generates one row per step, stamped with the version it was last refreshed to."""
 
-    def __init__(self, fail_at: int | None = None):
+    def __init__(self, fail_at: int | None = None, hang_at: int | None = None):
         self.version = None
+        self.hang_at = hang_at
+        self.cancelled = threading.Event()
         self.lock = threading.Lock()
         self.generated: dict[int, int] = {}  # step -> the version that generated it
         self.fail_at = fail_at
@@ -28,10 +30,16 @@ class FakeActor:
             self.version = version
         return {}
 
+    def cancel_generation(self) -> None:
+        self.cancelled.set()
+
     def generate_async(self, prompts: Batch) -> Batch:
         step = prompts.meta["step"]
         if step == self.fail_at:
             raise RuntimeError("CUDA out of memory")
+        if step == self.hang_at:  # a long generation, until cancelled
+            assert self.cancelled.wait(timeout=30)
+            raise RuntimeError("cancelled")
         with self.lock:
             self.generated[step] = self.version
             return Batch({col.POLICY_VERSION: torch.tensor([self.version, self.version])}, meta={"step": step})
@@ -78,7 +86,7 @@ def test_the_producer_runs_ahead_to_the_bound_and_each_step_trains_within_it(k):
         producer.take(step)
         seen.append(producer.metrics()["async/staleness_max"])
         producer.trained(step)
-    producer.stop(wait=True)
+    producer.stop(cancel=False)
     # Step s was generated at version max(0, s - 1 - k) and trains at s - 1: staleness min(k, s - 1).
     assert seen == [min(k, s - 1) for s in range(1, total + 1)]
     assert actor.generated == {s: max(0, s - 1 - k) for s in range(1, total + 1)}
@@ -89,7 +97,7 @@ def test_a_resumed_producer_starts_at_the_first_untrained_step_from_the_checkpoi
     producer = AsyncRollout(FakeSession(actor, 5, start_step=4), 1)
     producer.start()
     _wait_ready(producer, range(4, 6))
-    producer.stop(wait=True)
+    producer.stop(cancel=False)
     assert actor.generated == {4: 3, 5: 3}  # nothing before step 4 is generated again
 
 
@@ -102,7 +110,17 @@ def test_a_generator_failure_ends_the_step_with_one_line_naming_it():
     with pytest.raises(RunFailed) as err:
         producer.take(2)
     assert str(err.value) == "the async rollout generator failed at step 2: RuntimeError: CUDA out of memory"
-    producer.stop(wait=True)
+    producer.stop(cancel=False)
+
+
+def test_a_run_that_ends_early_cancels_the_generation_in_progress_and_joins_the_producer():
+    actor = FakeActor(hang_at=2)
+    producer = AsyncRollout(FakeSession(actor, 4), 1)
+    producer.start()
+    producer.take(1)
+    producer.stop(cancel=True)  # as when step 1's update fails: step 2 is being generated
+    assert actor.cancelled.is_set() and not producer.thread.is_alive()
+    assert producer.error is None  # the cancelled generation is not the run's error
 
 
 def test_a_row_past_the_bound_stops_the_run():
