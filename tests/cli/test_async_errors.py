@@ -39,3 +39,11 @@ def test_the_outcome_algorithms_accept_async_mode(recipe):
     loaded, _ = load_recipe(recipe, ["trainer.mode=async", "trainer.max_staleness=2",
                                      "actor.off_policy_correction=decoupled"])
     assert loaded.trainer.mode == "async" and loaded.trainer.max_staleness == 2
+
+
+def test_every_algorithm_is_either_run_asynchronously_or_refused_with_a_reason():
+    from hflow.trainer.algorithms.roles import ALGORITHMS
+    from hflow.trainer.config.recipe import ASYNC_ALGORITHMS, ASYNC_UNSUPPORTED
+
+    assert set(ASYNC_ALGORITHMS) | set(ASYNC_UNSUPPORTED) == set(ALGORITHMS)
+    assert not set(ASYNC_ALGORITHMS) & set(ASYNC_UNSUPPORTED)

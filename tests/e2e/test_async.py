@@ -64,7 +64,7 @@ def test_tiny_async_recipe_learns_within_its_bound_and_resumes_without_losing_a_
     assert all(e["async/staleness_max"] <= 1 and e["async/policy_version"] == e["step"] - 1 for e in events)
     assert max(e["async/staleness_max"] for e in events) == 1
     for key in ("async/staleness_mean", "async/queue_depth", "async/generate_busy_s", "async/generate_idle_s",
-                "async/train_idle_s", "actor/off_policy_weight"):
+                "async/train_busy_s", "async/train_idle_s", "actor/off_policy_weight"):
         assert all(key in e for e in events), key
     prompts = _prompts_by_step(run)
 

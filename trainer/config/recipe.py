@@ -185,8 +185,8 @@ class Recipe(BaseSettings):
                              "actor.recompute_old_log_probs: true (its weight is the old log-probs over the sampler's)")
         if self.trainer.mode == "sync":
             return self
-        reason = ASYNC_UNSUPPORTED.get(self.algorithm)
-        if reason:
+        if self.algorithm not in ASYNC_ALGORITHMS:
+            reason = ASYNC_UNSUPPORTED.get(self.algorithm, "its loop has no asynchronous rollout")
             raise ValueError(f"trainer.mode async does not run algorithm {self.algorithm}: {reason}; use "
                              f"trainer.mode: sync, or one of {', '.join(ASYNC_ALGORITHMS)}")
         if self.rollout.engine != "hf":

@@ -118,8 +118,10 @@ class AsyncRollout:
         timings = self.session.timings
         with self.cond:
             busy, idle, self.busy_s, self.idle_s = self.busy_s, self.idle_s, 0.0, 0.0
+        train_idle = timings.get("wait_rollout", 0.0) + timings.get("refresh_generator", 0.0)
         return {**self._step_metrics, "async/generate_busy_s": busy, "async/generate_idle_s": idle,
-                "async/train_idle_s": timings.get("wait_rollout", 0.0) + timings.get("refresh_generator", 0.0)}
+                "async/train_busy_s": max(0.0, self.session.step_elapsed() - train_idle),
+                "async/train_idle_s": train_idle}
 
     def stop(self, cancel: bool) -> None:
         """End the producer: with `cancel` (the run failed or was stopped), its generation in

@@ -56,6 +56,9 @@ class FakeSession:
     def prompts(self, step: int) -> Batch:
         return Batch(meta={"step": step})
 
+    def step_elapsed(self) -> float:
+        return 1.0
+
     @contextlib.contextmanager
     def stage(self, name: str):
         yield
