@@ -42,9 +42,9 @@ def run(label: str, overrides: list[str], steps: int, model: str, out: str) -> d
         started["ready"] = time.perf_counter() - started["t0"]
         self._busy0 = self.groups.busy_s()
 
-    def end_step(self, step, batch, metrics):
+    def end_step(self, step, batch, *metrics):
         worker = self.groups.worker_stage_seconds() if self.groups.cluster else {}
-        event = original_end_step(self, step, batch, metrics)
+        event = original_end_step(self, step, batch, *metrics)
         if self.groups.cluster:
             inside.append(sum(worker.values()) if worker else float("nan"))
         else:

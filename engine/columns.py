@@ -42,6 +42,10 @@ ROLLOUT_LOG_PROBS = "rollout_log_probs"
 ROLLOUT_ENTROPY = "rollout_entropy"
 """(N, R) float: the sampler's entropy at each response token (hf engine)."""
 
+POLICY_VERSION = "policy_version"
+"""(N,) long: the policy version that generated the row (the steps trained before its weights were
+copied), `trainer.mode: async` only (`engine/rollout/generator_copy.py`)."""
+
 RESPONSE_TEXT = "response_text"
 """list, N: the decoded response (written by the reward worker)."""
 

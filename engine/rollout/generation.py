@@ -96,6 +96,10 @@ class ForwardDecoder:
         return out.logits[:, -1].float()
 
 
+class GenerationCancelled(Exception):
+    """A generation stopped between two tokens because its `cancel` event was set."""
+
+
 class HFGenerator:
     """Finished rows stay in the decoding batch, fed padding, until they are a quarter of it;
     then they are dropped together (each drop copies the KV cache, so one per row would cost
@@ -115,6 +119,9 @@ class HFGenerator:
         self.pad = pad_token_id
         self.batch_size = batch_size
         self.sync_done = sync_done
+        # Set from another thread to stop a generation at its next token (the async generator's
+        # way to end with the run: `generator_copy.py`); None: never cancelled.
+        self.cancel = None
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams,
@@ -163,6 +170,7 @@ class HFGenerator:
                                                        device)
         compacted = False  # whether rows have left the batch (`active` is no longer every row)
         for t in range(params.max_new_tokens):
+            self._raise_if_cancelled(t)
             scaled = logits / params.temperature if params.temperature != 1.0 else logits
             log_dist = F.log_softmax(scaled, -1)
             entropy = -(log_dist.exp() * log_dist).sum(-1)
@@ -192,6 +200,10 @@ class HFGenerator:
                 active, chosen, finished, compacted = active[keep], chosen[keep], None, True
             logits = decoder.step(chosen)
         return self._collect(prompts, n, rows, params.max_new_tokens, record)
+
+    def _raise_if_cancelled(self, token: int) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise GenerationCancelled(f"generation cancelled at token {token}")
 
     @staticmethod
     def _compact(ended: int, batch: int) -> bool:

@@ -52,14 +52,65 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token-me
     return per_sequence.sum() / sequences
 
 
+# Off-policy corrections of the policy loss (`actor.off_policy_correction`); see `behaviour_weights`.
+OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled")
+
+
+def capped_weights(log_weights: torch.Tensor, cap: float, mode: str = "tis") -> torch.Tensor:
+    """Importance weights w = exp(log_weights), any shape, capped at `cap` the way `mode` says:
+
+    tis        min(w, cap)                 truncated importance sampling (Ionides 2008; for RL
+               frameworks whose sampler is not the trained policy: Yao et al. 2025, "Your
+               efficient RL framework secretly brings you off-policy RL training", verl's TIS)
+    decoupled  w if w <= cap else 0        AReaL's decoupled PPO objective (Fu et al. 2025,
+               arXiv 2505.24298, Sec. 4): a token whose weight passes the cap is left out
+    none       1
+    No gradient flows through the weights (they are constants of the update).
+    """
+    log_weights = log_weights.detach()
+    if mode == "none":
+        return torch.ones_like(log_weights)
+    weights = torch.exp(log_weights.clamp(max=20.0))  # exp(20) is far past any cap: no overflow
+    if mode == "tis":
+        return weights.clamp(max=cap)
+    if mode == "decoupled":
+        return torch.where(weights <= cap, weights, torch.zeros_like(weights))
+    raise ValueError(f"unknown off-policy correction {mode!r}; accepted: {', '.join(OFF_POLICY_CORRECTIONS)}")
+
+
+def behaviour_weights(proximal_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, cap: float,
+                      mode: str = "tis") -> torch.Tensor:
+    """(B, T) per-token weights pi_prox / pi_behav, capped (`capped_weights`).
+
+    The behaviour policy sampled the rollout (its log-probs came with the generation, possibly
+    some policy versions ago: asynchronous rollout); the proximal policy is the one the PPO ratio
+    is clipped against (`old_log_probs`, scored by the training engine before the update). The
+    policy loss is then  w * max(-A * r, -A * clip(r)),  r = pi_theta / pi_prox: AReaL's
+    decoupled objective (eq. 5) with `decoupled`, verl's TIS-corrected PPO loss with `tis`.
+    """
+    return capped_weights(proximal_log_probs - behaviour_log_probs, cap, mode)
+
+
+def sequence_behaviour_weights(proximal_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
+                               mask: torch.Tensor, cap: float, mode: str = "tis") -> torch.Tensor:
+    """(B,) the sequence-level weight for GSPO's sequence ratio: the length-normalised (geometric
+    mean) ratio exp(1/|y| sum_t (prox - behav)), as GSPO normalises its own ratio (Zheng et al.
+    2025, arXiv 2507.18071, eq. 7), then capped (`capped_weights`)."""
+    mask = mask.to(proximal_log_probs.dtype)
+    mean_log = ((proximal_log_probs - behaviour_log_probs) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return capped_weights(mean_log, cap, mode)
+
+
 def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                     mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
                     normalizer: float | None = None, mode: str = "token-mean",
-                    horizon: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                    horizon: int | None = None,
+                    weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate (Schulman et al. 2017, arXiv 1707.06347, eq. 7), negated.
 
     All inputs (B, T); `advantages` may also be (B,) and is then broadcast over tokens.
     Per token: max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)), r = exp(logp - old),
+    times `weights` (B, T) when given (an off-policy correction: `behaviour_weights`),
     reduced by `aggregate(per_token, mask, mode, normalizer, horizon)`. Returns the loss and metrics: clipfrac (share of tokens where clipping is active)
     and approx_kl (token-mean of old - new log-prob).
     """
@@ -71,6 +122,8 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
+    if weights is not None:
+        per_token = per_token * weights
     loss = aggregate(per_token, mask, mode, normalizer, horizon)
     with torch.no_grad():
         metrics = {
@@ -82,7 +135,8 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
 
 def gspo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                      mask: torch.Tensor, clip_low: float = 3e-4, clip_high: float = 4e-4,
-                     normalizer: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                     normalizer: float | None = None,
+                     weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO's clipped sequence-level surrogate (Zheng et al. 2025, arXiv 2507.18071, eqs. 5-7), negated.
 
     log_probs, old_log_probs, mask: (B, T); advantages: (B,), one per sequence (a (B, T)
@@ -93,6 +147,7 @@ def gspo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advan
     and the loss is the mean of loss_i over the sequences with at least one token
     (`normalizer` replaces their count, as `aggregate`'s seq-mean modes). The clip range
     is on a per-token-averaged log-ratio, so it is small (the paper: 3e-4 and 4e-4).
+    `weights` (B,), when given, multiply loss_i (`sequence_behaviour_weights`).
     Returns the loss and metrics: clipfrac (share of sequences clipped), approx_kl.
     """
     mask = mask.to(log_probs.dtype)
@@ -106,6 +161,8 @@ def gspo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advan
     clipped = -advantages * torch.clamp(seq_ratio, 1.0 - clip_low, 1.0 + clip_high)
     has_tokens = (lengths > 0).to(log_probs.dtype)
     per_sequence = torch.maximum(unclipped, clipped) * has_tokens
+    if weights is not None:
+        per_sequence = per_sequence * weights
     count = normalizer if normalizer is not None else has_tokens.sum().clamp(min=1)
     loss = per_sequence.sum() / count
     with torch.no_grad():

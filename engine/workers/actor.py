@@ -27,11 +27,13 @@ from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from hflow.engine.models.lora import adapters_off, apply_lora, is_lora, merged_state, save_merged
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
+from hflow.engine.rollout.generator_copy import GeneratorCopy
 from hflow.engine.rollout.hybrid import PhaseSwitch
 from hflow.engine.rollout.vllm_engine import VLLMGenerator
 from hflow.engine.seeding import seed_update, stream_seed
 from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
-from hflow.engine.training.losses import aggregate, gspo_policy_loss, kl_estimate, masked_mean, ppo_policy_loss
+from hflow.engine.training.losses import (aggregate, behaviour_weights, gspo_policy_loss, kl_estimate, masked_mean,
+                                          ppo_policy_loss, sequence_behaviour_weights)
 from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.workers.config import ActorSpec
@@ -44,6 +46,7 @@ class ActorWorker(Worker):
         self.device = torch.device(device)
         self.train_engine = None
         self.generator = None
+        self.generator_copy = None  # trainer.mode async: generates while the training module trains
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, checkpoint: str | None = None) -> None:
@@ -84,6 +87,10 @@ class ActorWorker(Worker):
             self.train_engine.module, eos, tokenizer.pad_token_id, s.rollout.batch_size,
             sync_done=self._sync_done(),
         )
+        if s.generator_copy:
+            self.generator_copy = GeneratorCopy(m.path, m.trust_remote_code, self.device, dtype, eos,
+                                                tokenizer.pad_token_id, s.rollout.batch_size,
+                                                s.rollout.weight_bucket_mb << 20)
 
     def _with_adapters(self, model, checkpoint: str | None):
         """LoRA adapters on `model` when the spec has them (only they train), then the checkpoint's
@@ -135,6 +142,40 @@ class ActorWorker(Worker):
     @register(Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sample `rollout.n` responses for each row's `prompt_ids` (see the module docstring)."""
+        params, n, rng = self._sampling(prompts)
+        evaluation = prompts.meta.get("eval")
+        self.phases.to_rollout()  # vllm: offload the training state, sync the weights, wake the KV cache
+        out = self.generator.generate(prompts[col.PROMPT_IDS], n, params, rng)
+        if evaluation:
+            self.phases.to_train()  # evaluation runs between steps: the checkpoint that may follow needs training state
+        return self._rollout_batch(prompts, out, n)
+
+    @register(Dispatch.DP_COMPUTE)
+    def generate_async(self, prompts: Batch) -> Batch:
+        """`generate_sequences` on the generator copy (`trainer.mode: async`), which leaves the
+        training module alone, so an update may run meanwhile; every row gets the copy's policy
+        version (`col.POLICY_VERSION`). The same seeds as `generate_sequences`: with the same
+        weights, the same rollout."""
+        params, n, rng = self._sampling(prompts)
+        out, version = self.generator_copy.generate(prompts[col.PROMPT_IDS], n, params, rng)
+        out[col.POLICY_VERSION] = torch.full((len(out[col.RESPONSES]),), version, dtype=torch.long)
+        return self._rollout_batch(prompts, out, n)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def refresh_generator(self, version: int) -> dict[str, float]:
+        """The training weights into the generator copy, which now holds policy `version`."""
+        stats = self.generator_copy.refresh(self.train_engine.module, version,
+                                            zero3=self.spec.optim.zero_stage == 3)
+        return {"seconds": stats.seconds, "bytes": float(stats.bytes)}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def cancel_generation(self) -> None:
+        """Stop the generator copy's generation in progress at its next token (the run is ending)."""
+        if self.generator_copy is not None:
+            self.generator_copy.cancel()
+
+    def _sampling(self, prompts: Batch) -> tuple[SamplingParams, int, torch.Generator]:
+        """How to sample `prompts`: the parameters, responses per prompt and the seeded generator."""
         r = self.spec.rollout
         evaluation = prompts.meta.get("eval")  # {n, temperature, max_response_length}: `trainer/control/evaluate.py`
         stream = "eval" if evaluation else "rollout"  # evaluation never draws from the rollout's stream
@@ -149,10 +190,9 @@ class ActorWorker(Worker):
             t = evaluation["temperature"]
             params = SamplingParams(evaluation["max_response_length"], t or 1.0, r.top_p, r.top_k, greedy=t == 0)
             n = evaluation["n"]
-        self.phases.to_rollout()  # vllm: offload the training state, sync the weights, wake the KV cache
-        out = self.generator.generate(prompts[col.PROMPT_IDS], n, params, rng)
-        if evaluation:
-            self.phases.to_train()  # evaluation runs between steps: the checkpoint that may follow needs training state
+        return params, n, rng
+
+    def _rollout_batch(self, prompts: Batch, out: dict[str, torch.Tensor], n: int) -> Batch:
         if self.world_size > 1:
             out = self._agree_on_widths(out)
         if not self.spec.recompute_old_log_probs:
@@ -249,14 +289,16 @@ class ActorWorker(Worker):
         # sequence) count is scaled up by the world size: the update is the same for any DP size.
         normalizer = divisor / self.world_size
         horizon = s.rollout.max_response_length
+        weights, weight_stats = self._off_policy_weights(micro, mask)
         if s.policy_loss == "gspo":
             pg_loss, pg_stats = gspo_policy_loss(log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask,
-                                                 *s.clip, normalizer=normalizer)
+                                                 *s.clip, normalizer=normalizer, weights=weights)
         else:
             pg_loss, pg_stats = ppo_policy_loss(log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask,
-                                                *s.clip, normalizer=normalizer, mode=s.loss_agg_mode, horizon=horizon)
+                                                *s.clip, normalizer=normalizer, mode=s.loss_agg_mode, horizon=horizon,
+                                                weights=weights)
         loss = pg_loss
-        stats = {"pg_loss": float(pg_loss.detach()), **pg_stats}
+        stats = {"pg_loss": float(pg_loss.detach()), **pg_stats, **weight_stats}
         if use_kl:
             token_kl = kl_estimate(log_probs, micro[col.REF_LOG_PROBS], kl.estimator)
             kl_loss = aggregate(token_kl, mask, s.loss_agg_mode, normalizer, horizon)
@@ -272,6 +314,19 @@ class ActorWorker(Worker):
         if grad_norm is not None:
             stats["grad_norm"] = grad_norm
         return stats
+
+    def _off_policy_weights(self, micro: Batch, mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """`actor.off_policy_correction`'s weights pi_old / pi_behaviour (per token; GSPO: per
+        sequence), or None without one; with their mean as `off_policy_weight` (1.0 on-policy)."""
+        s = self.spec
+        if s.off_policy_correction == "none":
+            return None, {}
+        old, behaviour = micro[col.OLD_LOG_PROBS], micro[col.ROLLOUT_LOG_PROBS]
+        if s.policy_loss == "gspo":
+            weights = sequence_behaviour_weights(old, behaviour, mask, s.off_policy_cap, s.off_policy_correction)
+            return weights, {"off_policy_weight": float(weights.mean())}
+        weights = behaviour_weights(old, behaviour, s.off_policy_cap, s.off_policy_correction)
+        return weights, {"off_policy_weight": float(masked_mean(weights, mask))}
 
     @register(Dispatch.ONE_TO_ALL)
     def measure_switch(self) -> dict[str, float]:

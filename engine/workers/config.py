@@ -100,6 +100,9 @@ class ActorSpec:
     policy_loss: str = "ppo"  # "ppo" (per-token ratio) or "gspo" (per-sequence ratio): engine/training/losses.py
     loss_agg_mode: str = "token-mean"  # losses.aggregate's mode, for the policy and KL terms
     lora: Optional[LoraSpec] = None  # None: the whole model trains
+    off_policy_correction: str = "none"  # losses.behaviour_weights' mode: none, tis, decoupled
+    off_policy_cap: float = 2.0
+    generator_copy: bool = False  # trainer.mode async: a second copy generates (`rollout/generator_copy.py`)
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,23 @@ def test_a_live_run_refuses_resume_and_stops_cleanly_on_sigterm(tmp_path, tiny_m
 
 
 @pytest.mark.slow
+def test_sigterm_on_an_async_run_cancels_its_generator_and_stops_cleanly(tmp_path, tiny_model):
+    # The generator thread is mid-rollout when the signal comes: it must stop with the run (a
+    # torch op still running in it as the process exits aborts it: exit 134, no status line).
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model,
+                          trainer={"total_steps": 1000, "save_every": 1, "mode": "async", "max_staleness": 2,
+                                   "output_dir": str(tmp_path / "runs")})
+    proc = _start(recipe)
+    try:
+        run = _running(tmp_path / "runs", proc)
+        stderr, _ = _terminate(proc, run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "terminate called" not in stderr
+
+
+@pytest.mark.slow
 def test_sigterm_on_the_ray_backend_stops_without_a_stack_dump(tmp_path, tiny_model):
     proc = _start_on_ray(tmp_path, tiny_model)
     try:

@@ -15,6 +15,7 @@ from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.trainer import advantages
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.async_rollout import rollouts
 from hflow.trainer.control.session import Session
 from hflow.trainer.losses import kl_estimate
 from hflow.trainer.rundir.writer import RunDir
@@ -26,27 +27,30 @@ def train(recipe: Recipe, run: RunDir) -> None:
 
 def run_outcome_loop(recipe: Recipe, run: RunDir, compute: Callable[[Batch, Recipe], Batch]) -> None:
     """Generate, score, `compute` the advantages, update the actor: the loop of the critic-free
-    algorithms with one reward per response (GRPO, GSPO, RLOO, REINFORCE++)."""
+    algorithms with one reward per response (GRPO, GSPO, RLOO, REINFORCE++). With `trainer.mode:
+    async` the rollouts come from a generator running ahead (`control/async_rollout.py`)."""
     roles = recipe.algorithm_spec.roles_for(recipe.uses_reference)
     with Session(recipe, run, roles) as session:
         session.init_workers()
         actor, reward = session.groups["actor"], session.groups["reward"]
 
-        for step in session.steps():
-            with session.stage("generate"):
-                batch = actor.generate_sequences(session.prompts(step))
-            batch = session.old_log_probs(batch)
-            batch = session.reference_log_probs(batch)
-            with session.stage("reward"):
-                batch |= reward.compute_reward(batch)
-            if not session.finite_scores(batch, step):  # a NaN/inf score, trainer.on_nonfinite: skip_step
-                session.end_step(step, batch)  # logged, with no update
-                continue
-            with session.stage("advantage"):
-                batch |= compute(batch, recipe)
-            with session.stage("update_actor"):
-                metrics = actor.update_actor(batch)
-            session.end_step(step, batch, metrics)
+        with rollouts(session) as rollout:
+            for step in session.steps():
+                batch = rollout.take(step)
+                batch = session.old_log_probs(batch)
+                batch = session.reference_log_probs(batch)
+                with session.stage("reward"):
+                    batch |= reward.compute_reward(batch)
+                if not session.finite_scores(batch, step):  # a NaN/inf score, trainer.on_nonfinite: skip_step
+                    rollout.trained(step)
+                    session.end_step(step, batch, rollout.metrics())  # logged, with no update
+                    continue
+                with session.stage("advantage"):
+                    batch |= compute(batch, recipe)
+                with session.stage("update_actor"):
+                    metrics = actor.update_actor(batch)
+                rollout.trained(step)  # async: the generator copy gets the new weights
+                session.end_step(step, batch, metrics, rollout.metrics())
         session.finish()
 
 

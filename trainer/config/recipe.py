@@ -62,6 +62,16 @@ MODEL_KEYS = {
 }
 
 
+# trainer.mode async runs the critic-free outcome loop (`grpo.run_outcome_loop`); why the others do not.
+ASYNC_ALGORITHMS = ("grpo", "gspo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+ASYNC_UNSUPPORTED = {
+    "ppo": "its critic trains on the same rollouts and the value targets would go stale with them",
+    "safe_rlhf": "its critics and Lagrange multiplier train on the same rollouts",
+    "remax": "its greedy baseline must come from the policy being trained",
+    "dapo": "dynamic sampling draws extra rounds at the current policy until the step is full",
+}
+
+
 class Recipe(BaseSettings):
     """A whole training recipe. See recipes/ for commented examples."""
 
@@ -165,6 +175,26 @@ class Recipe(BaseSettings):
         if not self.actor.recompute_old_log_probs:
             raise ValueError("rollout.engine vllm needs actor.recompute_old_log_probs: true (vLLM reports no "
                              "per-token entropy, and its log-probs come from different kernels than training's)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_async(self) -> "Recipe":
+        """What `trainer.mode: async` runs with (see `trainer/control/async_rollout.py`)."""
+        if self.actor.off_policy_correction != "none" and not self.actor.recompute_old_log_probs:
+            raise ValueError(f"actor.off_policy_correction={self.actor.off_policy_correction} needs "
+                             "actor.recompute_old_log_probs: true (its weight is the old log-probs over the sampler's)")
+        if self.trainer.mode == "sync":
+            return self
+        if self.algorithm not in ASYNC_ALGORITHMS:
+            reason = ASYNC_UNSUPPORTED.get(self.algorithm, "its loop has no asynchronous rollout")
+            raise ValueError(f"trainer.mode async does not run algorithm {self.algorithm}: {reason}; use "
+                             f"trainer.mode: sync, or one of {', '.join(ASYNC_ALGORITHMS)}")
+        if self.rollout.engine != "hf":
+            raise ValueError("trainer.mode async generates with the hf engine only; set rollout.engine: hf "
+                             "or trainer.mode: sync")
+        if self.placement.backend == "ray":
+            raise ValueError("trainer.mode async runs on placement.backend local only (the ray backend's "
+                             "rollout group is not built yet); set placement.backend: local or trainer.mode: sync")
         return self
 
     def role_models(self) -> dict[str, str]:

@@ -182,7 +182,7 @@ class Session:
         for part in metrics:
             check_update(step, part)  # before the step is logged or saved
         view = batch.select(*STEP_COLUMNS)
-        elapsed = time.perf_counter() - self._step_started
+        elapsed = self.step_elapsed()
         event = {"step": step, "time": time.time(), **rollout_metrics(view, self.recipe)}
         for part in metrics:
             event.update(part)
@@ -209,6 +209,10 @@ class Session:
         self.progress.update(step, event)
         log.info("step %d %s", step, json.dumps(event))
         return event
+
+    def step_elapsed(self) -> float:
+        """Seconds since the current step started."""
+        return time.perf_counter() - self._step_started
 
     def evaluate(self, step: int) -> dict[str, float]:
         """eval/* of the current policy (see `trainer/control/evaluate.py`), with its time as timing/eval."""

@@ -69,6 +69,8 @@ def actor_spec(recipe: Recipe) -> ActorSpec:
         recompute_old_log_probs=recipe.actor.recompute_old_log_probs,
         offload_in_rollout=recipe.actor.offload_in_rollout, seed=recipe.seed, lora=lora_spec(recipe.actor),
         policy_loss=recipe.policy_loss, loss_agg_mode=recipe.loss_agg_mode,
+        off_policy_correction=recipe.actor.off_policy_correction, off_policy_cap=recipe.actor.off_policy_cap,
+        generator_copy=recipe.trainer.mode == "async",
     )
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 KEYS = [("reward/mean", "reward", "{:.3f}"), ("kl/mean", "kl", "{:.4f}"),
         ("response_length/mean", "len", "{:.1f}"), ("actor/loss", "loss", "{:+.4f}"),
-        ("eval/accuracy", "eval acc", "{:.3f}"), ("timing/step", "s/step", "{:.2f}")]
+        ("eval/accuracy", "eval acc", "{:.3f}"), ("async/staleness_mean", "stale", "{:.2f}"),
+        ("timing/step", "s/step", "{:.2f}")]
 
 
 def _fmt_duration(seconds: float) -> str:

@@ -1,0 +1,49 @@
+"""What `trainer.mode: async` does not run: one line naming the keys, exit 2."""
+
+import pytest
+
+from helpers import assert_one_line_error, run_hflow
+from hflow.errors import UserError
+from hflow.trainer.config.load import load_recipe
+
+
+def test_async_with_ppo_is_a_one_line_error_through_the_cli(tmp_path):
+    result = run_hflow("validate", "ppo/tiny", "--set", "trainer.mode=async", cwd=tmp_path)
+    assert_one_line_error(result, "ppo/tiny.yaml", "trainer.mode async does not run algorithm ppo", "critic",
+                          "grpo, gspo, rloo, reinforce_pp, reinforce_pp_baseline")
+
+
+@pytest.mark.parametrize("recipe, overrides, needles", [
+    ("remax/tiny", ["trainer.mode=async"], ["algorithm remax", "greedy baseline"]),
+    ("safe_rlhf/tiny", ["trainer.mode=async"], ["algorithm safe_rlhf", "Lagrange"]),
+    ("dapo/tiny", ["trainer.mode=async"], ["algorithm dapo", "dynamic sampling"]),
+    ("grpo/quickstart", ["trainer.mode=async", "rollout.engine=vllm"], ["trainer.mode async", "rollout.engine: hf"]),
+    ("grpo/quickstart", ["trainer.mode=async", "placement.backend=ray"],
+     ["trainer.mode async", "placement.backend local", "ray"]),
+    ("grpo/quickstart", ["actor.off_policy_correction=tis", "actor.recompute_old_log_probs=false"],
+     ["actor.off_policy_correction=tis", "actor.recompute_old_log_probs: true"]),
+    ("grpo/quickstart", ["trainer.max_staleness=-1"], ["trainer.max_staleness"]),
+])
+def test_what_async_mode_does_not_run_is_a_user_error(recipe, overrides, needles):
+    with pytest.raises(UserError) as err:
+        load_recipe(recipe, overrides)
+    line = str(err.value)
+    assert "\n" not in line and recipe + ".yaml" in line
+    for needle in needles:
+        assert needle in line, line
+
+
+@pytest.mark.parametrize("recipe", ["grpo/quickstart", "gspo/tiny", "rloo/tiny", "reinforce_pp/tiny",
+                                    "reinforce_pp/tiny_baseline"])
+def test_the_outcome_algorithms_accept_async_mode(recipe):
+    loaded, _ = load_recipe(recipe, ["trainer.mode=async", "trainer.max_staleness=2",
+                                     "actor.off_policy_correction=decoupled"])
+    assert loaded.trainer.mode == "async" and loaded.trainer.max_staleness == 2
+
+
+def test_every_algorithm_is_either_run_asynchronously_or_refused_with_a_reason():
+    from hflow.trainer.algorithms.roles import ALGORITHMS
+    from hflow.trainer.config.recipe import ASYNC_ALGORITHMS, ASYNC_UNSUPPORTED
+
+    assert set(ASYNC_ALGORITHMS) | set(ASYNC_UNSUPPORTED) == set(ALGORITHMS)
+    assert not set(ASYNC_ALGORITHMS) & set(ASYNC_UNSUPPORTED)

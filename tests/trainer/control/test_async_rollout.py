@@ -1,0 +1,180 @@
+"""The async producer (`trainer/control/async_rollout.py`) with a fake actor: how far it runs
+ahead, the staleness each step trains at, and what a generator failure does."""
+
+import contextlib
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hflow.engine import columns as col
+from hflow.engine.groups.batch import Batch
+from hflow.errors import RunFailed, UserError
+from hflow.trainer.control.async_rollout import AsyncRollout, rollouts, staleness_metrics
+
+
+class FakeActor:
+    """Generates one row per step, stamped with the version it was last refreshed to."""
+
+    def __init__(self, fail_at: int | None = None, hang_at: int | None = None):
+        self.version = None
+        self.hang_at = hang_at
+        self.cancelled = threading.Event()
+        self.lock = threading.Lock()
+        self.generated: dict[int, int] = {}  # step -> the version that generated it
+        self.fail_at = fail_at
+
+    def refresh_generator(self, version: int) -> dict:
+        with self.lock:
+            self.version = version
+        return {}
+
+    def cancel_generation(self) -> None:
+        self.cancelled.set()
+
+    def generate_async(self, prompts: Batch) -> Batch:
+        step = prompts.meta["step"]
+        if step == self.fail_at:
+            raise RuntimeError("CUDA out of memory")
+        if step == self.hang_at:  # a long generation, until cancelled
+            assert self.cancelled.wait(timeout=30)
+            raise RuntimeError("cancelled")
+        with self.lock:
+            self.generated[step] = self.version
+            return Batch({col.POLICY_VERSION: torch.tensor([self.version, self.version])}, meta={"step": step})
+
+
+class FakeSession:
+    def __init__(self, actor, total: int, backend: str = "local", start_step: int = 1, max_staleness: int = 1):
+        self.groups = _Groups(backend, actor)
+        self.recipe = SimpleNamespace(trainer=SimpleNamespace(total_steps=total, mode="async",
+                                                              max_staleness=max_staleness))
+        self.start_step = start_step
+        self.timings: dict[str, float] = {}
+
+    def prompts(self, step: int) -> Batch:
+        return Batch(meta={"step": step})
+
+    def step_elapsed(self) -> float:
+        return 1.0
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        yield
+
+
+class _Groups(dict):
+    def __init__(self, backend, actor):
+        super().__init__(actor=actor)
+        self.backend = backend
+
+
+def _wait_ready(producer: AsyncRollout, steps: range) -> None:
+    with producer.cond:
+        assert producer.cond.wait_for(lambda: all(s in producer.ready for s in steps), timeout=30)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_the_producer_runs_ahead_to_the_bound_and_each_step_trains_within_it(k):
+    total = 6
+    actor = FakeActor()
+    producer = AsyncRollout(FakeSession(actor, total, max_staleness=k), k)
+    producer.start()
+    seen = []
+    for step in range(1, total + 1):
+        _wait_ready(producer, range(step, min(step + k, total) + 1))  # everything the bound allows now
+        with producer.cond:
+            assert max(producer.ready) <= step + k  # and nothing past it
+        producer.take(step)
+        seen.append(producer.metrics()["async/staleness_max"])
+        producer.trained(step)
+    producer.stop(cancel=False)
+    # Step s was generated at version max(0, s - 1 - k) and trains at s - 1: staleness min(k, s - 1).
+    assert seen == [min(k, s - 1) for s in range(1, total + 1)]
+    assert actor.generated == {s: max(0, s - 1 - k) for s in range(1, total + 1)}
+
+
+def test_a_resumed_producer_starts_at_the_first_untrained_step_from_the_checkpoint_version():
+    actor = FakeActor()
+    producer = AsyncRollout(FakeSession(actor, 5, start_step=4), 1)
+    producer.start()
+    _wait_ready(producer, range(4, 6))
+    producer.stop(cancel=False)
+    assert actor.generated == {4: 3, 5: 3}  # nothing before step 4 is generated again
+
+
+def test_a_generator_failure_ends_the_step_with_one_line_naming_it():
+    actor = FakeActor(fail_at=2)
+    producer = AsyncRollout(FakeSession(actor, 4), 1)
+    producer.start()
+    producer.take(1)
+    producer.trained(1)
+    with pytest.raises(RunFailed) as err:
+        producer.take(2)
+    assert str(err.value) == "the async rollout generator failed at step 2: RuntimeError: CUDA out of memory"
+    producer.stop(cancel=False)
+
+
+def test_a_run_that_ends_early_cancels_the_generation_in_progress_and_joins_the_producer():
+    actor = FakeActor(hang_at=2)
+    producer = AsyncRollout(FakeSession(actor, 4), 1)
+    producer.start()
+    producer.take(1)
+    producer.stop(cancel=True)  # as when step 1's update fails: step 2 is being generated
+    assert actor.cancelled.is_set() and not producer.thread.is_alive()
+    assert producer.error is None  # the cancelled generation is not the run's error
+
+
+def test_a_row_past_the_bound_stops_the_run():
+    batch = Batch({col.POLICY_VERSION: torch.tensor([3, 1])})
+    assert staleness_metrics(batch, 3, 2) == {"async/staleness_mean": 1.0, "async/staleness_max": 2.0,
+                                              "async/policy_version": 3.0}
+    with pytest.raises(RunFailed, match="generated by policy version 1 would train at version 4, beyond "
+                                        "trainer.max_staleness=2"):
+        staleness_metrics(batch, 4, 2)
+
+
+def test_async_on_another_backend_is_a_user_error():
+    with pytest.raises(UserError, match="trainer.mode async runs on the local backend only, but this placement "
+                                        "uses ray"):
+        with rollouts(FakeSession(FakeActor(), 2, backend="ray")):
+            pass
+
+
+def test_a_generator_failure_in_a_real_run_marks_it_failed_at_its_last_trained_step(tiny_model, tmp_path,
+                                                                                     monkeypatch):
+    import json
+
+    from hflow.engine.groups.dispatch import Dispatch, register
+    from hflow.engine.workers.actor import ActorWorker
+    from hflow.trainer.algorithms import grpo
+    from hflow.trainer.config.load import build_recipe
+    from hflow.trainer.rundir.writer import RunDir
+
+    real = ActorWorker.generate_async
+
+    def fails_at_step_2(self, prompts):
+        if prompts.meta["step"] == 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(self, prompts)
+
+    monkeypatch.setattr(ActorWorker, "generate_async", register(Dispatch.DP_COMPUTE)(fails_at_step_2))
+    recipe = build_recipe({
+        "name": "async-failing", "algorithm": "grpo", "model": {"path": str(tiny_model)},
+        "data": {"train": "synthetic:digits", "synthetic_size": 64},
+        "rollout": {"n": 2, "max_response_length": 4},
+        "actor": {"micro_batch_size": 4},
+        "trainer": {"total_steps": 3, "prompts_per_step": 2, "save_every": 0, "mode": "async", "max_staleness": 1},
+        "logging": {"progress": "lines"},
+    }, {}, "test")
+    run = RunDir.create(recipe, str(tmp_path / "runs"))
+    try:
+        with pytest.raises(RunFailed):
+            grpo.train(recipe, run)
+    finally:
+        run.close()
+    status = json.loads((run.path / "status.json").read_text())
+    assert status["status"] == "failed" and status["step"] == 1
+    assert status["error"] == ("the async rollout generator failed at step 2: RuntimeError: CUDA error: an illegal "
+                               "memory access was encountered")
