@@ -25,7 +25,7 @@ INPUT_IDS = "input_ids"
 """(N, P + R) long: prompt + response token ids."""
 
 ATTENTION_MASK = "attention_mask"
-"""(N, P + R) long: 1 on real tokens, 0 on padding."""
+"""(N, P + R) long: 1 on real tokens (a multi-turn episode's environment tokens too), 0 on padding."""
 
 POSITION_IDS = "position_ids"
 """(N, P + R) long: positions counted from the first real token (padding gets 0)."""
@@ -34,13 +34,20 @@ RESPONSES = "responses"
 """(N, R) long: the response tokens alone (padding is the pad token id)."""
 
 RESPONSE_MASK = "response_mask"
-"""(N, R) long: 1 on response tokens up to and including the stop token, else 0."""
+"""(N, R) long: 1 on the tokens trained on: the sampled response tokens up to and including the
+stop token. In a multi-turn episode the environment's observation tokens between the turns are 0
+(gaps): a response's length is its attention mask's, not this mask's sum."""
 
 ROLLOUT_LOG_PROBS = "rollout_log_probs"
 """(N, R) float: the sampler's log-prob of each response token (at the sampling temperature)."""
 
 ROLLOUT_ENTROPY = "rollout_entropy"
 """(N, R) float: the sampler's entropy at each response token (hf engine)."""
+
+EPISODE = "episode"
+"""list, N: a multi-turn episode's record (`rollout.env`; `engine/rollout/episodes.py`): a dict
+with `return` (the sequence's score under `reward.function: env`), `turns` (per turn: the
+assistant's text, the observation, reward, timings), `ended` and `tool_calls`."""
 
 RESPONSE_TEXT = "response_text"
 """list, N: the decoded response (written by the reward worker)."""

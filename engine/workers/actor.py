@@ -26,6 +26,8 @@ from hflow.engine.groups.dist import ensure_process_group, peak_memory_bytes
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from hflow.engine.models.lora import adapters_off, apply_lora, is_lora, merged_state, save_merged
+from hflow.engine.rollout.environment import EpisodeLimits, load_env_class
+from hflow.engine.rollout.episodes import EpisodeRunner
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
 from hflow.engine.rollout.hybrid import PhaseSwitch
 from hflow.engine.rollout.vllm_engine import VLLMGenerator
@@ -44,6 +46,7 @@ class ActorWorker(Worker):
         self.device = torch.device(device)
         self.train_engine = None
         self.generator = None
+        self.episodes = None  # the multi-turn runner, with `rollout.env`
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, checkpoint: str | None = None) -> None:
@@ -84,6 +87,16 @@ class ActorWorker(Worker):
             self.train_engine.module, eos, tokenizer.pad_token_id, s.rollout.batch_size,
             sync_done=self._sync_done(),
         )
+        self.episodes = self._episode_runner()
+
+    def _episode_runner(self) -> EpisodeRunner | None:
+        """Multi-turn episodes against `rollout.env`, loaded here by its import path."""
+        r = self.spec.rollout
+        if not r.env:
+            return None
+        limits = EpisodeLimits(r.max_turns, r.max_response_length, r.episode_timeout_s, r.turn_discount,
+                               r.max_turn_tokens)
+        return EpisodeRunner(self.generator, self.tokenizer, load_env_class(r.env), r.env, limits)
 
     def _with_adapters(self, model, checkpoint: str | None):
         """LoRA adapters on `model` when the spec has them (only they train), then the checkpoint's
@@ -150,7 +163,8 @@ class ActorWorker(Worker):
             params = SamplingParams(evaluation["max_response_length"], t or 1.0, r.top_p, r.top_k, greedy=t == 0)
             n = evaluation["n"]
         self.phases.to_rollout()  # vllm: offload the training state, sync the weights, wake the KV cache
-        out = self.generator.generate(prompts[col.PROMPT_IDS], n, params, rng)
+        out = self._rollout(prompts, n, params, rng)
+        episode = {col.EPISODE: out.pop(col.EPISODE)} if col.EPISODE in out else {}
         if evaluation:
             self.phases.to_train()  # evaluation runs between steps: the checkpoint that may follow needs training state
         if self.world_size > 1:
@@ -158,7 +172,14 @@ class ActorWorker(Worker):
         if not self.spec.recompute_old_log_probs:
             # Exactly on-policy: the sampler's log-probs are the old policy's.
             out[col.OLD_LOG_PROBS], out[col.ENTROPY] = out[col.ROLLOUT_LOG_PROBS], out[col.ROLLOUT_ENTROPY]
-        return prompts.repeat(n) | Batch(out)
+        return prompts.repeat(n) | Batch(out, episode)
+
+    def _rollout(self, prompts: Batch, n: int, params: SamplingParams, rng) -> dict:
+        if self.episodes is None:
+            return self.generator.generate(prompts[col.PROMPT_IDS], n, params, rng)
+        data = [k for k in prompts.columns if k not in (col.PROMPT_IDS, col.UID)]
+        rows = [{k: prompts[k][i] for k in data} for i in range(len(prompts))]
+        return self.episodes.run(rows, prompts[col.PROMPT_IDS], n, params, rng)
 
     def _agree_on_widths(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every rank pads its rollout to the group's widest prompt and response, so the ranks'
