@@ -13,6 +13,8 @@ SkyRL's multi-turn rollouts.
 
 from __future__ import annotations
 
+from hflow.errors import UserError
+
 _STAND_IN = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
 
 
@@ -20,6 +22,9 @@ class ChatDelta:
     def __init__(self, tokenizer, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
         self.tools = tools or None
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError("rollout.env needs a tokenizer with a chat template (the model's tokenizer has none): "
+                            "episodes are chat conversations")
         base = self._render(_STAND_IN, generation_prompt=False)
         cut = base.rfind("A")
         self.base = base
@@ -42,8 +47,8 @@ class ChatDelta:
         end-of-turn, the observation `messages`, and the next assistant turn's generation prompt."""
         full = self._render(_STAND_IN + messages, generation_prompt=True)
         if not full.startswith(self.base):
-            raise ValueError("the chat template renders a conversation's earlier messages differently once "
-                             "more follow: the observation cannot be appended as a delta")
+            raise UserError("rollout.env: the model's chat template renders a conversation's earlier messages "
+                            "differently once more follow, so an observation cannot be appended as a delta")
         tail = self.tokenizer.decode(turn_ids[-8:], skip_special_tokens=False) if turn_ids else ""
         closing = self.after_assistant
         # The longest start of the end-of-turn text that the sampled turn already ends with.

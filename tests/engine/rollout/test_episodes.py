@@ -147,3 +147,19 @@ def test_real_sampling_log_probs_match_the_trained_forward_over_three_turns(tiny
     with torch.no_grad():
         log_probs, _ = response_log_probs(model, Batch(out), 1.0)
     torch.testing.assert_close(log_probs[mask], out[col.ROLLOUT_LOG_PROBS][mask], atol=1e-4, rtol=1e-4)
+
+
+def test_a_tokenizer_without_a_chat_template_is_a_user_error():
+    tok = build_tiny_tokenizer()
+    tok.chat_template = None
+    with pytest.raises(UserError, match="rollout.env needs a tokenizer with a chat template"):
+        EpisodeRunner(ScriptedGenerator(tok), tok, ThreeTurnEnv, "x:E", EpisodeLimits(3, 100, 60.0)).run(
+            [{"prompt": "hi"}], [[1]], 1, SamplingParams(max_new_tokens=5), None)
+
+
+def test_a_template_that_rewrites_earlier_messages_is_a_user_error():
+    tok = chatml_tokenizer()  # drops every message but the last two once there are more: no delta exists
+    tok.chat_template = "{% for m in messages[-2:] %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(UserError, match="renders a conversation's earlier messages differently"):
+        EpisodeRunner(ScriptedGenerator(tok), tok, ThreeTurnEnv, "x:E", EpisodeLimits(3, 100, 60.0)).run(
+            [{"prompt": "hi"}], [[1]], 1, SamplingParams(max_new_tokens=5), None)
