@@ -37,6 +37,7 @@ from hflow.engine.training.losses import aggregate, gspo_policy_loss, kl_estimat
 from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.workers.config import ActorSpec
+from hflow.errors import UserError
 
 
 class ActorWorker(Worker):
@@ -94,6 +95,10 @@ class ActorWorker(Worker):
         r = self.spec.rollout
         if not r.env:
             return None
+        if self.generator.sync_done is not None:
+            raise UserError("rollout.env with actor.zero_stage 3 over several ranks is not supported: ZeRO-3 "
+                            "generates in lockstep and the ranks' episodes end after different turns; use "
+                            "zero_stage 1 or 2")
         limits = EpisodeLimits(r.max_turns, r.max_response_length, r.episode_timeout_s, r.turn_discount,
                                r.max_turn_tokens)
         return EpisodeRunner(self.generator, self.tokenizer, load_env_class(r.env), r.env, limits)
