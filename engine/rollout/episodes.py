@@ -76,6 +76,8 @@ class EpisodeRunner:
         for row, ids in zip(rows, prompt_ids):
             for _ in range(n):
                 env = self.env_cls()
+                if hasattr(env, "tokenizer"):  # ToolEnv parses calls with the tokenizer's own parser
+                    env.tokenizer = self.tokenizer
                 if delta is None:
                     delta = ChatDelta(self.tokenizer, getattr(env, "tool_specs", None))
                 messages = self._call(env.reset, dict(row), "reset")

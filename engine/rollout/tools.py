@@ -13,10 +13,11 @@ model's text, and calls run so that no tool can crash or hang a run.
                         "parameters": {"type": "object", "properties": {"a": {"type": "integer", ...}}, ...}}}
 
 The specs go to the chat template (`apply_chat_template(..., tools=...)`), which advertises
-them in its own format where it has one. Calls are parsed from the Hermes/Qwen format
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (what Qwen2.5's, Hermes' and many
-other templates ask the model to write); an environment with another format overrides
-`ToolEnv.parse_calls`. A tool that raises, runs past its timeout, or returns more than
+them in its own format where it has one. Calls are parsed with the tokenizer's own response
+parser where it has one (a `response_template`: transformers' `parse_response`), else from the
+Hermes/Qwen format `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (what Qwen2.5's,
+Hermes' and many other templates ask the model to write); an environment with yet another
+format overrides `ToolEnv.parse_calls`. A tool that raises, runs past its timeout, or returns more than
 `max_output_chars` characters gives an error or a truncated observation, never a failed run.
 A timed-out tool's thread cannot be stopped (Python has no way to kill a thread): it is left
 running as a daemon; use `code_tool.run_python` (a subprocess) for code that may not end.
@@ -105,6 +106,24 @@ def parse_tool_calls(text: str) -> list[ToolCall | str]:
     return calls
 
 
+def template_tool_calls(tokenizer, text: str, tools: list[dict] | None = None) -> list[ToolCall | str]:
+    """The calls in `text` by the tokenizer's `response_template` (transformers' `parse_response`);
+    calls it cannot read come back as error strings."""
+    try:
+        message = tokenizer.parse_response(text, prefix="", tools=tools or None)
+    except Exception as err:  # the model's malformed output is its observation, not a crash
+        return [f"error: the response could not be parsed ({type(err).__name__}: {err})"]
+    calls: list[ToolCall | str] = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", call) if isinstance(call, dict) else None
+        arguments = fn.get("arguments", {}) if isinstance(fn, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(arguments, dict):
+            calls.append('error: a tool call needs {"name": ..., "arguments": {...}}')
+        else:
+            calls.append(ToolCall(fn["name"], arguments))
+    return calls
+
+
 def truncate(text: str, limit: int) -> str:
     """`text` cut to `limit` characters, saying how much was left out."""
     if len(text) <= limit:
@@ -153,9 +172,11 @@ class ToolEnv:
     Subclasses set `tools` (functions) and write `reset(row)` and `score(answer) -> float`;
     `tool_timeout_s`, `max_output_chars` and `parse_calls` may be overridden. `tool_calls`
     counts the calls of the episode (reported per episode in samples.jsonl and events.jsonl).
+    The episode runner sets `tokenizer` (the actor's) before `reset`.
     """
 
     tools: list[Callable] = []
+    tokenizer = None
     tool_timeout_s: float = 10.0
     max_output_chars: int = 4096
 
@@ -165,6 +186,8 @@ class ToolEnv:
         self.tool_calls = 0
 
     def parse_calls(self, text: str) -> list[ToolCall | str]:
+        if getattr(self.tokenizer, "response_template", None):
+            return template_tool_calls(self.tokenizer, text, self.tool_specs)
         return parse_tool_calls(text)
 
     def score(self, answer: str) -> float:

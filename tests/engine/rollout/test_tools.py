@@ -94,3 +94,19 @@ def test_tool_env_turns_calls_into_tool_messages_and_scores_the_answer():
                         {"role": "tool", "content": "error: tool 'boom' raised ValueError: bad x 1"}]
     assert (reward, done, env.tool_calls) == (0.0, False, 2)
     assert env.step("it is 5") == ([], 1.0, True)
+
+
+def test_a_tokenizer_s_own_response_parser_is_used_where_it_has_one():
+    """transformers' `parse_response` with the tokenizer's `response_template` (here one for a
+    `[call]...[/call]` format the Hermes fallback would not read) finds the calls."""
+    from hflow.engine.models.loading import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    tok.response_template = {"start_anchor": "assistant: ", "defaults": {"role": "assistant"}, "fields": {
+        "content": {}, "tool_calls": {"open": "[call]", "close": "[/call]", "content": "json", "repeats": True}}}
+    env = AddEnv()
+    env.tokenizer = tok
+    text = 'sum: [call]{"name": "add", "arguments": {"a": 2, "b": 3}}[/call]'
+    assert parse_tool_calls(text) == []
+    assert env.parse_calls(text) == [ToolCall("add", {"a": 2, "b": 3})]
+    assert env.step(text) == ([{"role": "tool", "content": "5"}], 0.0, False)
