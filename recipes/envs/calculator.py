@@ -35,7 +35,7 @@ def calculator(expression: str) -> str:
 
 class CalculatorEnv(ToolEnv):
     tools = [calculator]
-    tool_timeout_s = 2.0
+    tool_timeout_s = 30.0  # it takes microseconds: a short limit could cut it on a loaded machine
     call_reward = 0.2  # for the first turn that calls the calculator
 
     def reset(self, row: dict) -> list[dict]:
