@@ -25,7 +25,7 @@ INPUT_IDS = "input_ids"
 """(N, P + R) long: prompt + response token ids."""
 
 ATTENTION_MASK = "attention_mask"
-"""(N, P + R) long: 1 on real tokens, 0 on padding."""
+"""(N, P + R) long: 1 on real tokens (a multi-turn episode's environment tokens too), 0 on padding."""
 
 POSITION_IDS = "position_ids"
 """(N, P + R) long: positions counted from the first real token (padding gets 0)."""
@@ -34,7 +34,9 @@ RESPONSES = "responses"
 """(N, R) long: the response tokens alone (padding is the pad token id)."""
 
 RESPONSE_MASK = "response_mask"
-"""(N, R) long: 1 on response tokens up to and including the stop token, else 0."""
+"""(N, R) long: 1 on the tokens trained on: the sampled response tokens up to and including the
+stop token. In a multi-turn episode the environment's observation tokens between the turns are 0
+(gaps): a response's length is its attention mask's, not this mask's sum."""
 
 ROLLOUT_LOG_PROBS = "rollout_log_probs"
 """(N, R) float: the sampler's log-prob of each response token (at the sampling temperature)."""
@@ -45,6 +47,11 @@ ROLLOUT_ENTROPY = "rollout_entropy"
 POLICY_VERSION = "policy_version"
 """(N,) long: the policy version that generated the row (the steps trained before its weights were
 copied), `trainer.mode: async` only (`engine/rollout/generator_copy.py`)."""
+
+EPISODE = "episode"
+"""list, N: a multi-turn episode's record (`rollout.env`; `engine/rollout/episodes.py`): a dict
+with `return` (the sequence's score under `reward.function: env`), `turns` (per turn: the
+assistant's text, the observation, reward, timings), `ended` and `tool_calls`."""
 
 RESPONSE_TEXT = "response_text"
 """list, N: the decoded response (written by the reward worker)."""

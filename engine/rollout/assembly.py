@@ -4,7 +4,11 @@ Rows are grouped by prompt (prompt 0's n samples, then prompt 1's, ...). Shapes 
 P = longest prompt, R = longest response, at least 1):
   input_ids, attention_mask, position_ids   (N, P + R)  prompt left-padded, response right-padded
   responses, response_mask                  (N, R)      padding is `pad_token_id` / 0
-  any per-token float column given          (N, R)      zero past each response's end
+  any per-token float column given          (N, R)      zero where response_mask is 0
+
+A multi-turn episode's response holds the sampled turns and the environment's observation
+tokens between them (`episodes.py`): the attention mask covers all of them, `response_mask`
+only the sampled ones (the tokens trained on), so it may have gaps. Single-turn: no gaps.
 """
 
 from __future__ import annotations
@@ -30,24 +34,27 @@ def pad_rows(rows: list[list], fill: float | int, dtype: torch.dtype) -> torch.T
 
 
 def assemble_rollout(prompts: list[list[int]], responses: torch.Tensor, lengths: torch.Tensor,
-                     pad_token_id: int, **per_token: torch.Tensor) -> dict[str, torch.Tensor]:
+                     pad_token_id: int, trained: torch.Tensor | None = None,
+                     **per_token: torch.Tensor) -> dict[str, torch.Tensor]:
     """The rollout dict for N rows.
 
     prompts: N prompt token lists (one per row, already repeated per sample);
     responses: (N, >= R) sampled token ids, the first `lengths[i]` of row i valid;
-    lengths: (N,) response lengths; per_token: name -> (N, >= R) float tensors such as
-    `rollout_log_probs`, cut to R columns and zeroed past each response's end.
+    lengths: (N,) response lengths; trained: (N, >= R) 1 on the tokens to train on (default:
+    every response token); per_token: name -> (N, >= R) float tensors such as
+    `rollout_log_probs`, cut to R columns and zeroed where `response_mask` is 0.
     """
     width_r = max(1, int(lengths.max())) if len(lengths) else 1
-    response_mask = (torch.arange(width_r)[None] < lengths[:, None]).long()
-    responses = _fit(responses.long(), width_r, pad_token_id).masked_fill(response_mask == 0, pad_token_id)
+    real = (torch.arange(width_r)[None] < lengths[:, None]).long()
+    response_mask = real if trained is None else _fit(trained.long(), width_r, 0) * real
+    responses = _fit(responses.long(), width_r, pad_token_id).masked_fill(real == 0, pad_token_id)
     width_p = max(len(p) for p in prompts)
     prompt_ids = torch.full((len(prompts), width_p), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros_like(prompt_ids)
     for row, p in enumerate(prompts):
         prompt_ids[row, width_p - len(p):] = torch.as_tensor(p, dtype=torch.long)
         prompt_mask[row, width_p - len(p):] = 1
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    attention_mask = torch.cat([prompt_mask, real], dim=1)
     out = {
         col.INPUT_IDS: torch.cat([prompt_ids, responses], dim=1),
         col.ATTENTION_MASK: attention_mask,

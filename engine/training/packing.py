@@ -22,6 +22,13 @@ from hflow.engine.training.logprobs import prompt_groups
 SEQUENCE_KEYS = (col.INPUT_IDS, col.ATTENTION_MASK, col.POSITION_IDS)
 
 
+def real_response_lengths(batch: Batch) -> torch.Tensor:
+    """(B,) tokens in each response: sampled and, in a multi-turn episode, the environment's
+    (`response_mask` counts only the trained ones)."""
+    mask = batch[col.ATTENTION_MASK]
+    return mask[:, mask.shape[1] - batch[col.RESPONSE_MASK].shape[1]:].sum(-1)
+
+
 def trim_padding(batch: Batch) -> Batch:
     """The batch without columns that are padding in every row.
 
@@ -29,10 +36,11 @@ def trim_padding(batch: Batch) -> Batch:
     tensors of shape (B, R) (per response token) lose the trailing response padding.
     """
     mask = batch[col.ATTENTION_MASK]
-    response_mask = batch[col.RESPONSE_MASK]
-    width_r = response_mask.shape[1]
+    width_r = batch[col.RESPONSE_MASK].shape[1]
     width_p = mask.shape[1] - width_r
-    used_r = max(1, int(response_mask.sum(-1).max()))
+    # The attention mask, not response_mask: a multi-turn response's environment tokens are
+    # real tokens that are not trained on (`engine/rollout/episodes.py`).
+    used_r = max(1, int(mask[:, width_p:].sum(-1).max()))
     prompt_mask = mask[:, :width_p]
     lead = int((prompt_mask.cumsum(-1) == 0).sum(-1).min()) if width_p else 0
     tensors = {}
@@ -140,7 +148,7 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
     if groups is not None and int(groups[-1]) + 1 < len(groups):
         # Sharing prompts keeps a prompt's rows together, which can cost more padding than it
         # saves (short prompts, uneven responses): take whichever cut computes fewer tokens.
-        responses = mini[col.RESPONSE_MASK].sum(-1)
+        responses = real_response_lengths(mini)
         shared = functools.partial(prompt_group_cut, lengths - responses, responses, groups, budget)
         shared_rows, shared_cost = shared(with_cost=True)
         if shared_cost < cost:

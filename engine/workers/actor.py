@@ -26,6 +26,8 @@ from hflow.engine.groups.dist import ensure_process_group, peak_memory_bytes
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from hflow.engine.models.lora import adapters_off, apply_lora, is_lora, merged_state, save_merged
+from hflow.engine.rollout.environment import EpisodeLimits, load_env_class
+from hflow.engine.rollout.episodes import EpisodeRunner
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
 from hflow.engine.rollout.generator_copy import GeneratorCopy
 from hflow.engine.rollout.hybrid import PhaseSwitch
@@ -37,6 +39,7 @@ from hflow.engine.training.losses import (aggregate, behaviour_weights, gspo_pol
 from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.workers.config import ActorSpec
+from hflow.errors import UserError
 
 
 class ActorWorker(Worker):
@@ -47,6 +50,7 @@ class ActorWorker(Worker):
         self.train_engine = None
         self.generator = None
         self.generator_copy = None  # trainer.mode async: generates while the training module trains
+        self.episodes = None  # the multi-turn runner, with `rollout.env`
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, checkpoint: str | None = None) -> None:
@@ -91,6 +95,20 @@ class ActorWorker(Worker):
             self.generator_copy = GeneratorCopy(m.path, m.trust_remote_code, self.device, dtype, eos,
                                                 tokenizer.pad_token_id, s.rollout.batch_size,
                                                 s.rollout.weight_bucket_mb << 20)
+        self.episodes = self._episode_runner()
+
+    def _episode_runner(self) -> EpisodeRunner | None:
+        """Multi-turn episodes against `rollout.env`, loaded here by its import path."""
+        r = self.spec.rollout
+        if not r.env:
+            return None
+        if self.generator.sync_done is not None:
+            raise UserError("rollout.env with actor.zero_stage 3 over several ranks is not supported: ZeRO-3 "
+                            "generates in lockstep and the ranks' episodes end after different turns; use "
+                            "zero_stage 1 or 2")
+        limits = EpisodeLimits(r.max_turns, r.max_response_length, r.episode_timeout_s, r.turn_discount,
+                               r.max_turn_tokens)
+        return EpisodeRunner(self.generator, self.tokenizer, load_env_class(r.env), r.env, limits)
 
     def _with_adapters(self, model, checkpoint: str | None):
         """LoRA adapters on `model` when the spec has them (only they train), then the checkpoint's
@@ -145,7 +163,7 @@ class ActorWorker(Worker):
         params, n, rng = self._sampling(prompts)
         evaluation = prompts.meta.get("eval")
         self.phases.to_rollout()  # vllm: offload the training state, sync the weights, wake the KV cache
-        out = self.generator.generate(prompts[col.PROMPT_IDS], n, params, rng)
+        out = self._rollout(prompts, n, params, rng)
         if evaluation:
             self.phases.to_train()  # evaluation runs between steps: the checkpoint that may follow needs training state
         return self._rollout_batch(prompts, out, n)
@@ -192,13 +210,21 @@ class ActorWorker(Worker):
             n = evaluation["n"]
         return params, n, rng
 
-    def _rollout_batch(self, prompts: Batch, out: dict[str, torch.Tensor], n: int) -> Batch:
+    def _rollout_batch(self, prompts: Batch, out: dict, n: int) -> Batch:
+        episode = {col.EPISODE: out.pop(col.EPISODE)} if col.EPISODE in out else {}
         if self.world_size > 1:
             out = self._agree_on_widths(out)
         if not self.spec.recompute_old_log_probs:
             # Exactly on-policy: the sampler's log-probs are the old policy's.
             out[col.OLD_LOG_PROBS], out[col.ENTROPY] = out[col.ROLLOUT_LOG_PROBS], out[col.ROLLOUT_ENTROPY]
-        return prompts.repeat(n) | Batch(out)
+        return prompts.repeat(n) | Batch(out, episode)
+
+    def _rollout(self, prompts: Batch, n: int, params: SamplingParams, rng) -> dict:
+        if self.episodes is None:
+            return self.generator.generate(prompts[col.PROMPT_IDS], n, params, rng)
+        data = [k for k in prompts.columns if k not in (col.PROMPT_IDS, col.UID)]
+        rows = [{k: prompts[k][i] for k in data} for i in range(len(prompts))]
+        return self.episodes.run(rows, prompts[col.PROMPT_IDS], n, params, rng)
 
     def _agree_on_widths(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every rank pads its rollout to the group's widest prompt and response, so the ranks'

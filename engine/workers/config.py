@@ -82,6 +82,11 @@ class RolloutSpec:
     weight_bucket_mb: int
     enforce_eager: bool
     max_prompt_length: int
+    env: str | None = None  # `module:Class` of a multi-turn environment (`engine/rollout/environment.py`)
+    max_turns: int = 1
+    episode_timeout_s: float = 600.0
+    turn_discount: float = 1.0
+    max_turn_tokens: Optional[int] = None
 
 
 @dataclass(frozen=True)

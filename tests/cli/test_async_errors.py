@@ -23,6 +23,7 @@ def test_async_with_ppo_is_a_one_line_error_through_the_cli(tmp_path):
     ("grpo/quickstart", ["actor.off_policy_correction=tis", "actor.recompute_old_log_probs=false"],
      ["actor.off_policy_correction=tis", "actor.recompute_old_log_probs: true"]),
     ("grpo/quickstart", ["trainer.max_staleness=-1"], ["trainer.max_staleness"]),
+    ("grpo/tiny_calculator", ["trainer.mode=async"], ["trainer.mode async", "single-turn", "rollout.env"]),
 ])
 def test_what_async_mode_does_not_run_is_a_user_error(recipe, overrides, needles):
     with pytest.raises(UserError) as err:

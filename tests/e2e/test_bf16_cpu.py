@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from hflow.engine.models.loading import cpu_has_native_bf16
-from tests.helpers import read_events, run_hflow
+from helpers import read_events, run_hflow
 
 pytestmark = pytest.mark.slow
 

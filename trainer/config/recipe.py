@@ -167,11 +167,16 @@ class Recipe(BaseSettings):
         """Combinations the generation engines cannot run (the environment is checked at start-up:
         `load.check_runtime`)."""
         r = self.rollout
+        if self.reward.function == "env" and not self.reward.model and not r.env:
+            raise ValueError("reward.function env scores an episode's return: it needs rollout.env (module:Class)")
         if r.engine == "hf":
             if r.tensor_parallel_size > 1:
                 raise ValueError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} needs rollout.engine: vllm "
                                  "(the hf engine generates on each rank's own copy of the model); set it to 1")
             return self
+        if r.env:
+            raise ValueError(f"rollout.env {r.env!r} needs rollout.engine: hf (the vllm engine runs single-turn "
+                             "rollouts only)")
         if not self.actor.recompute_old_log_probs:
             raise ValueError("rollout.engine vllm needs actor.recompute_old_log_probs: true (vLLM reports no "
                              "per-token entropy, and its log-probs come from different kernels than training's)")
@@ -192,6 +197,9 @@ class Recipe(BaseSettings):
         if self.rollout.engine != "hf":
             raise ValueError("trainer.mode async generates with the hf engine only; set rollout.engine: hf "
                              "or trainer.mode: sync")
+        if self.rollout.env:
+            raise ValueError(f"trainer.mode async runs single-turn rollouts only (its generator copy has no episode "
+                             f"loop); drop rollout.env {self.rollout.env!r} or set trainer.mode: sync")
         if self.placement.backend == "ray":
             raise ValueError("trainer.mode async runs on placement.backend local only (the ray backend's "
                              "rollout group is not built yet); set placement.backend: local or trainer.mode: sync")

@@ -140,7 +140,8 @@ def _function_spec(value: Optional[str]) -> Optional[str]:
 class RewardConfig(Section):
     function: Optional[str] = Field(
         "synthetic",
-        description="Reward function: a built-in name (synthetic, exact_match, format, length) or "
+        description="Reward function: a built-in name (synthetic, exact_match, format, length, env: the "
+        "episode's return under rollout.env) or "
         "`module:function` called as fn(prompts, responses, **columns) -> list[float].",
     )
     model: Optional[str] = Field(
@@ -280,6 +281,25 @@ class RolloutConfig(Section):
     )
     enforce_eager: bool = Field(
         False, description="vllm: run without CUDA graphs (slower decoding, faster start, less memory)."
+    )
+    env: Optional[str] = Field(
+        None,
+        description="Multi-turn episodes: `module:Class` of an environment with reset(row) -> first messages "
+        "(None: the row's prompt) and step(assistant_text) -> (observation messages, reward, done); a fresh "
+        "instance plays each episode (README, 'Multi-turn episodes and tools'). max_response_length then caps "
+        "the whole episode's response (sampled and observation tokens). With `reward.function: env` the score "
+        "is the episode's return. hf engine only.",
+    )
+    max_turns: int = Field(4, ge=1, description="rollout.env: most assistant turns per episode.")
+    max_turn_tokens: Optional[int] = Field(
+        None, gt=0, description="rollout.env: most tokens sampled in one turn; default: max_response_length."
+    )
+    episode_timeout_s: float = Field(
+        600.0, gt=0, description="rollout.env: an episode running longer (wall clock) ends after its current turn."
+    )
+    turn_discount: float = Field(
+        1.0, gt=0, le=1,
+        description="rollout.env: the episode's return is sum_t turn_discount^t x reward of turn t (1: the sum).",
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hflow.engine.models.loading import check_model_source
 from hflow.engine.models.lora import check_folder_targets
+from hflow.engine.rollout.environment import load_env_class
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.data.prompts import read_eval_rows, read_rows
 
@@ -27,6 +28,8 @@ def check_inputs(recipe: Recipe) -> None:
             continue  # `hflow train` builds it (model.init)
         check_model_source(path, key, tokenizer=role in OWN_TOKENIZER)
         _check_lora_targets(recipe, role, path)
+    if recipe.rollout.env:
+        load_env_class(recipe.rollout.env)  # a bad import path stops here, before any worker starts
     read_rows(recipe.data, recipe.seed, scoring_functions(recipe))
     if recipe.data.eval:
         reward = scoring_functions(recipe).get("reward.function")

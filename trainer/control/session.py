@@ -22,6 +22,7 @@ from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
 from hflow.errors import RunFailed, UserError
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.episode_stats import episode_metrics, episode_sample
 from hflow.trainer.control.evaluate import Evaluator
 from hflow.trainer.control.nonfinite import SKIPPED, check_update, finite, nonfinite_problem, scorer_name
 from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
@@ -36,7 +37,7 @@ from hflow.trainer.rundir.writer import RunDir
 log = logging.getLogger("hflow.session")
 # The columns a step's event and samples are computed from (fetched once per step).
 STEP_COLUMNS = (col.SCORES, col.COSTS, col.RESPONSE_MASK, col.ATTENTION_MASK, col.ENTROPY, col.OLD_LOG_PROBS,
-                col.REF_LOG_PROBS, col.PROMPT, col.RESPONSE_TEXT)
+                col.REF_LOG_PROBS, col.PROMPT, col.RESPONSE_TEXT, col.EPISODE)
 
 
 class Session:
@@ -308,6 +309,8 @@ def rollout_metrics(batch: Batch, recipe: Recipe) -> dict[str, float]:
     if col.REF_LOG_PROBS in batch:
         kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], recipe.kl.estimator)
         metrics["kl/mean"] = float(masked_mean(kl, mask))
+    if col.EPISODE in batch:
+        metrics.update(episode_metrics(batch[col.EPISODE]))
     costs = finite(batch[col.COSTS].float()) if col.COSTS in batch else []
     if len(costs):
         metrics.update({"cost/mean": float(costs.mean()), "cost/max": float(costs.max()),
@@ -326,6 +329,7 @@ def samples(batch: Batch, step: int, count: int) -> list[dict[str, Any]]:
             "response": batch[col.RESPONSE_TEXT][row],
             "reward": _number(batch[col.SCORES][row]),
             **({"cost": _number(batch[col.COSTS][row])} if col.COSTS in batch else {}),
+            **({"episode": episode_sample(batch[col.EPISODE][row])} if col.EPISODE in batch else {}),
         })
     return out
 

@@ -62,6 +62,8 @@ def actor_spec(recipe: Recipe) -> ActorSpec:
         top_p=r.top_p, top_k=r.top_k, batch_size=r.batch_size, tensor_parallel_size=r.tensor_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization, weight_bucket_mb=r.weight_bucket_mb,
         enforce_eager=r.enforce_eager, max_prompt_length=recipe.data.max_prompt_length,
+        env=r.env, max_turns=r.max_turns, episode_timeout_s=r.episode_timeout_s, turn_discount=r.turn_discount,
+        max_turn_tokens=r.max_turn_tokens,
     )
     return ActorSpec(
         model=model_spec(recipe, recipe.model.path), optim=_trained(recipe, "actor"), rollout=rollout,

@@ -51,12 +51,19 @@ def synthetic_cost(prompts: list[str], responses: list[str], **_) -> list[float]
     return [tasks.high_digit_share(r) for r in responses]
 
 
+def env_return(prompts: list[str], responses: list[str], episode: list[dict], **_) -> list[float]:
+    """The return of each row's multi-turn episode (`rollout.env`): its turns' rewards, summed
+    or discounted by `rollout.turn_discount` (`engine/rollout/episodes.py`)."""
+    return [float(e["return"]) for e in episode]
+
+
 BUILTINS: dict[str, RewardFn] = {
     "synthetic": synthetic,
     "exact_match": exact_match,
     "format": format_match,
     "length": length,
     "synthetic_cost": synthetic_cost,
+    "env": env_return,
 }
 
 # The data columns each built-in reads besides the prompt: checked in every row before a run

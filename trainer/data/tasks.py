@@ -7,6 +7,9 @@ which is what the quickstart and the end-to-end tests need.
   digits  "write digits: " -> reward = share of the first 8 response characters that are digits
   letter  "say q: "        -> reward = share of the first 8 response characters equal to the letter
   echo    "echo abc: "     -> reward = share of the answer's characters reproduced in place
+  calc    "calc 7*8"       -> the last digit of the product, only known through a calculator tool:
+          reward = share of the first 8 response characters equal to it (`rollout.env` recipes,
+          `recipes/envs/calculator.py`)
   arithmetic  chat: "What is 12 + 7? Answer with a number." -> 1.0 when the response's last
           number is the result, else 0.0 (for a real instruct model, e.g. SmolLM2-135M-Instruct)
 
@@ -38,6 +41,11 @@ def _letter(rng: random.Random) -> dict:
 def _echo(rng: random.Random) -> dict:
     word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 4)))
     return {"prompt": f"echo {word}: ", "answer": word}
+
+
+def _calc(rng: random.Random) -> dict:
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    return {"prompt": f"calc {a}*{b}", "answer": str(a * b % 10)}
 
 
 def _share(response: str, keep: Callable[[int, str], bool]) -> float:
@@ -117,6 +125,7 @@ TASKS: dict[str, tuple[Callable[[random.Random], dict], Callable[[str, str], flo
     "digits": (_digits, score_digits),
     "letter": (_letter, score_letter),
     "echo": (_echo, score_echo),
+    "calc": (_calc, score_letter),
     "arithmetic": (lambda rng: _arithmetic_row(rng.choice(arithmetic_problems("train"))), score_arithmetic),
 }
 # Tasks with a held-out split: task -> (its problems of a split, a problem's row). Their prompts

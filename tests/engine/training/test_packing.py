@@ -27,6 +27,16 @@ def test_trim_padding_cuts_shared_padding_only():
     assert int(t["attention_mask"].sum()) == int(b["attention_mask"].sum())
 
 
+def test_trim_padding_keeps_a_multi_turn_response_s_untrained_environment_tokens():
+    """A response whose last 2 real tokens are not trained (an environment's observation): its
+    length is the attention mask's (5), not the trained-token count (3)."""
+    b = _batch()
+    b.tensors["attention_mask"][1, 4:] = 1
+    b.tensors["response_mask"] = torch.tensor([[1, 0, 0, 0, 0], [1, 0, 1, 1, 0]])
+    t = trim_padding(b)
+    assert t["response_mask"].shape[1] == 5 and int(t["attention_mask"].sum()) == int(b["attention_mask"].sum())
+
+
 def test_trimmed_log_probs_equal_untrimmed(tiny_model):
     from hflow.engine.training.logprobs import response_log_probs
     from hflow.engine.models.loading import load_causal_lm

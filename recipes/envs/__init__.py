@@ -1,0 +1,1 @@
+"""Environments of the shipped multi-turn recipes (`rollout.env`)."""

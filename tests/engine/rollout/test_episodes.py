@@ -1,0 +1,165 @@
+"""Multi-turn episodes: the tokens trained on are exactly the sampled ones, the environment's tokens
+sit between them with loss mask 0, and the chat template's delta rebuilds the conversation."""
+
+import pytest
+import torch
+
+from hflow.engine import columns as col
+from hflow.engine.groups.batch import Batch
+from hflow.engine.models.loading import build_tiny_tokenizer, load_causal_lm, load_tokenizer
+from hflow.engine.rollout.assembly import assemble_rollout
+from hflow.engine.rollout.environment import EpisodeLimits
+from hflow.engine.rollout.episodes import EpisodeRunner
+from hflow.engine.rollout.generation import HFGenerator, SamplingParams
+from hflow.engine.training.logprobs import response_log_probs
+from hflow.errors import UserError
+
+# A ChatML (Qwen-style) template, with a tools block, on the tiny tokenizer plus its two markers.
+CHATML = (
+    "{% if tools %}<|im_start|>system\ntools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOL_SPECS = [{"type": "function", "function": {"name": "add", "description": "", "parameters": {}}}]
+
+
+def chatml_tokenizer():
+    tok = build_tiny_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHATML
+    return tok
+
+
+class ThreeTurnEnv:
+    """Answers twice with a tool message, then ends; reward t + 1 on turn t."""
+
+    tool_specs = TOOL_SPECS
+
+    def reset(self, row):
+        self.turn = 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        self.turn += 1
+        return [{"role": "tool", "content": f"result {self.turn}"}], float(self.turn), self.turn == 3
+
+
+class ScriptedGenerator:
+    """Stands in for the hf engine: 'samples' scripted turns and records the contexts it was given."""
+
+    def __init__(self, tok):
+        self.tok, self.pad, self.contexts, self.calls = tok, tok.pad_token_id, [], 0
+
+    def turn_ids(self, episode: int, turn: int) -> list[int]:
+        end = self.tok.convert_tokens_to_ids("<|im_end|>")
+        return self.tok(f"a{episode}t{turn}", add_special_tokens=False)["input_ids"] + [end]
+
+    def generate(self, prompts, n, params, rng=None):
+        assert n == 1
+        self.contexts.append([list(p) for p in prompts])
+        turns = [self.turn_ids(row, self.calls) for row in range(len(prompts))]
+        self.calls += 1
+        lengths = torch.tensor([len(t) for t in turns])
+        tokens = torch.tensor(turns)
+        logps = -0.1 * torch.arange(1, tokens.shape[1] + 1, dtype=torch.float).expand_as(tokens)
+        return assemble_rollout(prompts, tokens, lengths, self.pad, rollout_log_probs=logps,
+                                rollout_entropy=torch.ones_like(logps))
+
+
+def test_three_turns_train_exactly_the_sampled_tokens_with_the_template_delta_between():
+    tok = chatml_tokenizer()
+    gen = ScriptedGenerator(tok)
+    runner = EpisodeRunner(gen, tok, ThreeTurnEnv, "tests:ThreeTurnEnv", EpisodeLimits(4, 200, 60.0, 0.5))
+    rows = [{"prompt": "hi"}, {"prompt": "yo"}]
+    out = runner.run(rows, [[1], [1]], 1, SamplingParams(max_new_tokens=50), None)
+    for row, episode in enumerate(out[col.EPISODE]):
+        real = out[col.ATTENTION_MASK][row, -out[col.RESPONSES].shape[1]:].bool()
+        response = out[col.RESPONSES][row][real].tolist()
+        trained = out[col.RESPONSE_MASK][row][real].bool()
+        sampled = [gen.turn_ids(row, t) for t in range(3)]
+        # Trained tokens: the three sampled turns, token for token, with their sampler log-probs.
+        assert [t for t, m in zip(response, trained) if m] == sum(sampled, [])
+        logps = out[col.ROLLOUT_LOG_PROBS][row][real]
+        assert logps[trained].tolist() == pytest.approx(sum([[-0.1 * (i + 1) for i in range(len(s))]
+                                                             for s in sampled], []))
+        assert (logps[~trained] == 0).all() and int((~trained).sum()) > 0
+        # Each turn was sampled after the prompt and every token before it, never re-tokenized.
+        prompt = tok(tok.apply_chat_template([{"role": "user", "content": rows[row]["prompt"]}], tools=TOOL_SPECS,
+                                             add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)["input_ids"]
+        starts = [i for i in range(len(response)) if trained[i] and (i == 0 or not trained[i - 1])]
+        assert len(starts) == 3
+        for turn, start in enumerate(starts):
+            assert gen.contexts[turn][row] == prompt + response[:start]
+        # The environment's tokens are exactly the template's rendering of the whole conversation.
+        conversation = [{"role": "user", "content": rows[row]["prompt"]}]
+        for turn in range(3):
+            conversation.append({"role": "assistant", "content": f"a{row}t{turn}"})
+            if turn < 2:
+                conversation.append({"role": "tool", "content": f"result {turn + 1}"})
+        rendered = tok.apply_chat_template(conversation, tools=TOOL_SPECS, tokenize=False)
+        assert tok.decode(prompt + response) + "\n" == rendered
+        assert episode["ended"] == "done" and len(episode["turns"]) == 3
+        assert episode["return"] == pytest.approx(1 + 0.5 * 2 + 0.25 * 3)  # discounted by 0.5 per turn
+
+
+def test_limits_end_episodes_on_turns_and_tokens():
+    tok = chatml_tokenizer()
+    out = EpisodeRunner(ScriptedGenerator(tok), tok, ThreeTurnEnv, "x:E", EpisodeLimits(2, 200, 60.0)).run(
+        [{"prompt": "hi"}], [[1]], 1, SamplingParams(max_new_tokens=50), None)
+    (episode,) = out[col.EPISODE]
+    assert episode["ended"] == "max_turns" and episode["return"] == 1 + 2
+    last = out[col.RESPONSES][0][out[col.ATTENTION_MASK][0, -out[col.RESPONSES].shape[1]:].bool()][-1]
+    assert last == tok.convert_tokens_to_ids("<|im_end|>")  # no observation after the last turn
+    out = EpisodeRunner(ScriptedGenerator(tok), tok, ThreeTurnEnv, "x:E", EpisodeLimits(4, 20, 60.0)).run(
+        [{"prompt": "hi"}], [[1]], 1, SamplingParams(max_new_tokens=50), None)
+    assert out[col.EPISODE][0]["ended"] == "max_tokens"
+    assert int(out[col.ATTENTION_MASK][0, -out[col.RESPONSES].shape[1]:].sum()) <= 20
+
+
+class BrokenEnv(ThreeTurnEnv):
+    def step(self, text):
+        raise KeyError("oops")
+
+
+def test_an_environment_that_raises_is_a_user_error_naming_the_key():
+    tok = chatml_tokenizer()
+    runner = EpisodeRunner(ScriptedGenerator(tok), tok, BrokenEnv, "mod:BrokenEnv", EpisodeLimits(3, 100, 60.0))
+    with pytest.raises(UserError, match=r"rollout.env 'mod:BrokenEnv': step\(\) raised KeyError"):
+        runner.run([{"prompt": "hi"}], [[1]], 1, SamplingParams(max_new_tokens=50), None)
+
+
+def test_real_sampling_log_probs_match_the_trained_forward_over_three_turns(tiny_model):
+    """The hf engine samples each turn; scoring the assembled episode as training does gives the
+    sampler's log-probs at every trained token: the context of each was exactly what was sampled."""
+    tok = load_tokenizer(str(tiny_model))
+    model = load_causal_lm(str(tiny_model), torch.float32).eval()
+    gen = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, 16)
+    runner = EpisodeRunner(gen, tok, ThreeTurnEnv, "x:E", EpisodeLimits(3, 100, 60.0, 1.0, 6))
+    out = runner.run([{"prompt": "ab"}, {"prompt": "c"}], [[1], [1]], 2, SamplingParams(max_new_tokens=6),
+                     torch.Generator().manual_seed(0))
+    episodes = out.pop(col.EPISODE)
+    assert all(len(e["turns"]) == 3 for e in episodes)
+    mask = out[col.RESPONSE_MASK].bool()
+    real = out[col.ATTENTION_MASK][:, -mask.shape[1]:].bool()
+    assert int((real & ~mask).sum()) > 0  # observation tokens: attended, not trained
+    with torch.no_grad():
+        log_probs, _ = response_log_probs(model, Batch(out), 1.0)
+    torch.testing.assert_close(log_probs[mask], out[col.ROLLOUT_LOG_PROBS][mask], atol=1e-4, rtol=1e-4)
+
+
+def test_a_tokenizer_without_a_chat_template_is_a_user_error():
+    tok = build_tiny_tokenizer()
+    tok.chat_template = None
+    with pytest.raises(UserError, match="rollout.env needs a tokenizer with a chat template"):
+        EpisodeRunner(ScriptedGenerator(tok), tok, ThreeTurnEnv, "x:E", EpisodeLimits(3, 100, 60.0)).run(
+            [{"prompt": "hi"}], [[1]], 1, SamplingParams(max_new_tokens=5), None)
+
+
+def test_a_template_that_rewrites_earlier_messages_is_a_user_error():
+    tok = chatml_tokenizer()  # drops every message but the last two once there are more: no delta exists
+    tok.chat_template = "{% for m in messages[-2:] %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(UserError, match="renders a conversation's earlier messages differently"):
+        EpisodeRunner(ScriptedGenerator(tok), tok, ThreeTurnEnv, "x:E", EpisodeLimits(3, 100, 60.0)).run(
+            [{"prompt": "hi"}], [[1]], 1, SamplingParams(max_new_tokens=5), None)
