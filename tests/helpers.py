@@ -68,6 +68,32 @@ def assert_one_line_error(result, *needles: str) -> None:
     BAD_INPUTS["clean"] += 1
 
 
+def assert_recipe_error(recipe: str, overrides: list[str], needles: list[str]) -> None:
+    """Loading `recipe` with `overrides` (the path `hflow train` and `hflow validate` take; the
+    CLI prints the line and exits 2) fails with one line naming the recipe file and every needle."""
+    from hflow.errors import UserError
+    from hflow.trainer.config.load import load_recipe
+
+    try:
+        load_recipe(recipe, overrides)
+    except UserError as err:
+        line = str(err)
+    else:
+        raise AssertionError(f"{recipe} with {overrides} loaded without an error")
+    assert "\n" not in line and recipe + ".yaml" in line, line
+    for needle in needles:
+        assert needle in line, line
+
+
+def finished_run(result, cwd: Path) -> tuple[Path, list[dict]]:
+    """A `hflow train` that ran to its end from `cwd`: its run directory and events, one dict per step."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = Path(result.stdout.strip().splitlines()[-1])
+    run = run if run.is_absolute() else cwd / run
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+    return run, read_events(run)
+
+
 def train_run(recipe: Path) -> tuple[Path, list[dict]]:
     """`hflow train RECIPE` to its end: the run directory and its events, one dict per step."""
     full = run_hflow("train", str(recipe))

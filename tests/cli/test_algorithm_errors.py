@@ -2,8 +2,7 @@
 
 import pytest
 
-from helpers import assert_one_line_error, run_hflow
-from hflow.errors import UserError
+from helpers import assert_one_line_error, assert_recipe_error, run_hflow
 from hflow.trainer.config.load import load_recipe
 
 
@@ -23,13 +22,7 @@ def test_gspo_with_a_token_level_aggregation_is_a_one_line_error(tmp_path):
     ("grpo/quickstart", ["grpo.loss_agg_mode=sum"], ["grpo.loss_agg_mode", "seq-mean-token-sum-norm"]),
 ])
 def test_undefined_algorithm_combinations_are_user_errors(recipe, overrides, needles):
-    # The same path `hflow train` and `hflow validate` take; the CLI prints the line and exits 2.
-    with pytest.raises(UserError) as err:
-        load_recipe(recipe, overrides)
-    line = str(err.value)
-    assert "\n" not in line and recipe + ".yaml" in line
-    for needle in needles:
-        assert needle in line, line
+    assert_recipe_error(recipe, overrides, needles)
 
 
 def test_dapo_without_dynamic_sampling_accepts_one_sample_per_prompt():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import read_events, resume_after_crash, run_hflow, train_run, write_recipe
+from helpers import finished_run, resume_after_crash, run_hflow, train_run, write_recipe
 
 # What differs between the two modes by design: wall-clock times, the memory the generator copy
 # adds, and the async/* metrics.
@@ -51,11 +51,7 @@ def test_tiny_async_recipe_learns_within_its_bound_and_resumes_without_losing_a_
     # Every row in samples.jsonl (8 prompts x n = 4), so that each step's prompts can be compared.
     result = run_hflow("train", "grpo/tiny_async", "--output-dir", str(tmp_path / "runs"),
                        "--set", "trainer.save_every=35", "--set", "logging.samples_per_step=32", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = Path(result.stdout.strip().splitlines()[-1])
-    run = run if run.is_absolute() else tmp_path / run
-    assert json.loads((run / "status.json").read_text())["status"] == "finished"
-    events = read_events(run)
+    run, events = finished_run(result, tmp_path)
     assert [e["step"] for e in events] == list(range(1, 41))
     first = sum(e["reward/mean"] for e in events[:10]) / 10
     last = sum(e["reward/mean"] for e in events[-10:]) / 10

@@ -1,13 +1,12 @@
 """The shipped tiny recipes of RLOO, REINFORCE++ (+baseline), GSPO and DAPO (#15), through the
 real CLI: each one learns (reward/mean rises), and `--resume` after a crash continues exactly."""
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from helpers import read_events, resume_after_crash, run_hflow
+from helpers import finished_run, read_events, resume_after_crash, run_hflow
 
 # Per recipe: the rise of reward/mean (mean of the last 10 steps minus the first 10) it must
 # show. The synthetic digits reward is in [0, 1] and starts near 0.15; DAPO's also carries
@@ -34,11 +33,7 @@ def test_tiny_recipe_learns_and_resumes_exactly(tmp_path, recipe):
     # Checkpoints at steps 35 and 40; the crash comes after step 37, so the resume re-runs 36-40.
     result = run_hflow("train", recipe, "--output-dir", str(tmp_path / "runs"),
                        "--set", "trainer.save_every=35", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = Path(result.stdout.strip().splitlines()[-1])
-    run = run if run.is_absolute() else tmp_path / run
-    assert json.loads((run / "status.json").read_text())["status"] == "finished"
-    events = read_events(run)
+    run, events = finished_run(result, tmp_path)
     assert [e["step"] for e in events] == list(range(1, 41))
     first, last = _mean(e["reward/mean"] for e in events[:10]), _mean(e["reward/mean"] for e in events[-10:])
     print(f"{recipe}: reward/mean first 10 steps {first:.3f} -> last 10 steps {last:.3f}")
