@@ -22,8 +22,8 @@ from hflow.cli.quiet import quiet_libraries
 from hflow.engine.models.loading import build_tiny_model
 from hflow.trainer.algorithms import grpo
 from hflow.trainer.config.load import load_recipe
-from hflow.trainer.rundir.writer import RunDir
 from hflow.trainer.control import session as session_module
+from hflow.trainer.rundir.writer import RunDir
 
 
 def run(label: str, overrides: list[str], steps: int, model: str, out: str) -> dict:

@@ -13,6 +13,7 @@ import string
 from pathlib import Path
 
 import torch
+
 from hflow.engine.models.folder import ACCEPTED, folder_problem
 from hflow.errors import UserError
 

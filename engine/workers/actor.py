@@ -34,8 +34,15 @@ from hflow.engine.rollout.hybrid import PhaseSwitch
 from hflow.engine.rollout.vllm_engine import VLLMGenerator
 from hflow.engine.seeding import seed_update, stream_seed
 from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
-from hflow.engine.training.losses import (aggregate, behaviour_weights, gspo_policy_loss, kl_estimate, masked_mean,
-                                          ppo_policy_loss, sequence_behaviour_weights)
+from hflow.engine.training.losses import (
+    aggregate,
+    behaviour_weights,
+    gspo_policy_loss,
+    kl_estimate,
+    masked_mean,
+    ppo_policy_loss,
+    sequence_behaviour_weights,
+)
 from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.workers.config import ActorSpec

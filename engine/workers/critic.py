@@ -22,8 +22,8 @@ from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import resolve_dtype
 from hflow.engine.models.lora import apply_lora
-from hflow.engine.seeding import seed_update
 from hflow.engine.models.score_model import load_score_model
+from hflow.engine.seeding import seed_update
 from hflow.engine.training.losses import value_loss
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
