@@ -121,19 +121,7 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
 def build_model(out: str, size: str, tokenizer: str) -> Path:
     """A locally built Llama of `size` with the character tokenizer or a 512-token byte-level BPE."""
     from hflow.engine.models.loading import build_tiny_model
-    if tokenizer == "char":
-        return build_tiny_model(out, size)
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from hflow.engine.models.loading import tiny_config
-    bpe = build_bpe_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(tiny_config(bpe, size))
-    model.save_pretrained(out, safe_serialization=True)
-    bpe.save_pretrained(out)
-    return Path(out)
+    return build_tiny_model(out, size, tokenizer=build_bpe_tokenizer() if tokenizer == "bpe" else None)
 
 
 def build_bpe_tokenizer(vocab: int = 512):

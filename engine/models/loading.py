@@ -53,12 +53,13 @@ def build_tiny_tokenizer():
 
 
 def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0,
-                     tie_word_embeddings: bool = False) -> Path:
-    """Write a small Llama model and its tokenizer to `out_dir` (safetensors, fixed seed)."""
+                     tie_word_embeddings: bool = False, tokenizer=None) -> Path:
+    """Write a small Llama model and its tokenizer (default: the character one) to `out_dir`
+    (safetensors, fixed seed)."""
     from transformers import LlamaForCausalLM
 
     out = Path(out_dir)
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = tokenizer or build_tiny_tokenizer()
     config = tiny_config(tokenizer, size, tie_word_embeddings=tie_word_embeddings)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
