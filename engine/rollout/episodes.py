@@ -5,18 +5,28 @@ with the environment's observation tokens between them (`chat_delta.py`: only th
 are tokenized, never the conversation). The observation tokens are attended to but not trained
 on: their `response_mask` is 0 and their rollout log-probs 0 (`assembly.py`).
 
-The episodes of a step run together: each round generates one turn for every live episode in
-one batch (the `hf` engine, its context re-encoded from the token ids so far), then runs their
-environments' steps at once in a thread pool; finished episodes leave. An episode ends when its
-environment says done, at `rollout.max_turns`, when the next turn would have no room within
-`max_response_length` tokens, or past `rollout.episode_timeout_s` seconds. A turn samples at most
-`rollout.max_turn_tokens`.
+The episodes of a step advance together: every episode that waits for a turn is generated in
+one batch (the `hf` engine re-encodes each context from the token ids so far; `vllm` takes them
+as token prompts and reuses the shared prefixes' KV cache), then their environments' steps run in
+a thread pool, off the generation path. The next batch is whoever has finished stepping: the
+runner waits for the slow steps at most a quarter of the last generation's time (`STRAGGLER_SHARE`,
+at least `STRAGGLER_MIN_S`)
+and then generates for the ready ones, so a slow tool holds back its own episode, not the batch.
+Finished episodes leave. An episode ends when its environment says done, at `rollout.max_turns`,
+when the next turn would have no room within `max_response_length` tokens, or past
+`rollout.episode_timeout_s` seconds, even inside a step that has not returned (the step's thread
+is abandoned: Python cannot stop it). A turn samples at most `rollout.max_turn_tokens`.
+
+`step` (and `reset`) may be coroutines (`async def`): each runs to completion on its own event
+loop in a pool thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -27,6 +37,8 @@ from hflow.engine.rollout.chat_delta import ChatDelta
 from hflow.engine.rollout.environment import EpisodeLimits, checked_step, discounted_return
 from hflow.errors import UserError
 
+STRAGGLER_SHARE = 0.25  # of the last generation's seconds: how long ready episodes wait for slow steps
+STRAGGLER_MIN_S = 0.02  # and at least this: steps of a few milliseconds join the same batch
 
 @dataclass
 class Episode:
@@ -55,20 +67,25 @@ class EpisodeRunner:
         self.generator, self.tokenizer = generator, tokenizer
         self.env_cls, self.spec, self.limits = env_cls, spec, limits
         self.workers = workers
+        self.entropy = True  # whether the generator reports per-token entropy (vllm does not)
 
     def run(self, rows: list[dict], prompt_ids: list[list[int]], n: int, params, rng) -> dict:
         """The rollout dict (`assembly.assemble_rollout`) of n episodes per row, plus the
         `episode` column: one record per row (`columns.EPISODE`)."""
         episodes, delta = self._start(rows, prompt_ids, n)
-        with ThreadPoolExecutor(self.workers) as pool:
-            for turn in range(self.limits.max_turns):
-                live = [e for e in episodes if not e.ended]
-                if not live:
-                    break
-                generate_s = self._generate_turn(live, params, rng)
-                self._step_envs(live, pool, delta, turn, generate_s)
-        for e in episodes:
-            e.ended = e.ended or "max_turns"
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hflow-env")
+        stepping: dict[Future, tuple[int, float]] = {}  # a running step -> (its episode, that turn's generation s)
+        ready = list(range(len(episodes)))
+        try:
+            while ready or stepping:
+                if ready:
+                    live = [episodes[i] for i in ready]
+                    generate_s = self._generate_turn(live, params, rng)
+                    for i, e in zip(ready, live):
+                        stepping[pool.submit(self._timed_step, e, self._last_turn_text(e))] = (i, generate_s)
+                ready = self._collect(episodes, stepping, delta)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # a step past its episode's deadline is left behind
         return self._assemble(episodes)
 
     def _start(self, rows: list[dict], prompt_ids: list[list[int]], n: int):
@@ -82,11 +99,19 @@ class EpisodeRunner:
                     delta = ChatDelta(self.tokenizer, getattr(env, "tool_specs", None))
                 messages = self._call(env.reset, dict(row), "reset")
                 episodes.append(Episode(env, list(ids) if messages is None else delta.prompt_ids(messages)))
+                self._check_prompt(episodes[-1].prompt)
         return episodes, delta
+
+    def _check_prompt(self, prompt: list[int]) -> None:
+        limit = self.limits.max_prompt_tokens
+        if limit is not None and len(prompt) > limit:
+            raise UserError(f"rollout.env {self.spec!r}: reset() gave first messages of {len(prompt)} tokens, over "
+                            f"data.max_prompt_length={limit}; raise data.max_prompt_length to at least {len(prompt)}")
 
     def _call(self, method, arg, name: str):
         try:
-            return method(arg)
+            result = method(arg)
+            return asyncio.run(result) if inspect.isawaitable(result) else result
         except UserError:
             raise
         except Exception as err:
@@ -94,45 +119,72 @@ class EpisodeRunner:
             raise UserError(f"rollout.env {self.spec!r}: {name}() raised {type(err).__name__}: {first}") from err
 
     def _generate_turn(self, live: list[Episode], params, rng) -> float:
-        """One sampled turn for every live episode, appended to it; the seconds it took."""
+        """One sampled turn for every episode of `live`, appended to it; the seconds it took."""
         start = time.monotonic()
         per_turn = self.limits.max_turn_tokens or self.limits.max_tokens
         room = [min(per_turn, self.limits.max_tokens - len(e.tokens)) for e in live]
         out = self.generator.generate([e.prompt + e.tokens for e in live], 1,
                                       replace(params, max_new_tokens=max(1, *room)), rng)
         lengths = out[col.RESPONSE_MASK].sum(-1).tolist()
+        entropy = out.get(col.ROLLOUT_ENTROPY)  # vllm reports none: the training engine recomputes it
+        self.entropy = entropy is not None
         for row, (e, length, own_room) in enumerate(zip(live, lengths, room)):
             length = min(length, own_room)  # every episode's turn is cut to its own room
-            e.add(out[col.RESPONSES][row, :length].tolist(), True,
-                  out[col.ROLLOUT_LOG_PROBS][row, :length].tolist(), out[col.ROLLOUT_ENTROPY][row, :length].tolist())
+            e.add(out[col.RESPONSES][row, :length].tolist(), True, out[col.ROLLOUT_LOG_PROBS][row, :length].tolist(),
+                  [0.0] * length if entropy is None else entropy[row, :length].tolist())
             e.turns.append({"tokens": length})
         return time.monotonic() - start
 
-    def _step_envs(self, live: list[Episode], pool, delta: ChatDelta, turn: int, generate_s: float) -> None:
-        texts = [self.tokenizer.decode(e.tokens[len(e.tokens) - e.turns[-1]["tokens"]:], skip_special_tokens=True)
-                 for e in live]
-        results = list(pool.map(self._timed_step, live, texts))
-        for e, text, (result, env_s) in zip(live, texts, results):
-            messages, reward, done = checked_step(result, self.spec)
-            record = e.turns[-1]
-            record.update(assistant=text, observation=messages, reward=reward,
-                          generate_s=round(generate_s, 6), env_s=round(env_s, 6))
-            turn_ids = e.tokens[len(e.tokens) - record["tokens"]:]
-            if done:
-                e.ended = "done"
+    def _last_turn_text(self, e: Episode) -> str:
+        return self.tokenizer.decode(e.tokens[len(e.tokens) - e.turns[-1]["tokens"]:], skip_special_tokens=True)
+
+    def _collect(self, episodes: list[Episode], stepping: dict, delta: ChatDelta) -> list[int]:
+        """Wait for environment steps (see the module docstring) and apply the finished ones; the
+        episodes that now wait for a turn, in episode order."""
+        slowest = max(generate_s for _, generate_s in stepping.values())
+        done, _ = wait(stepping, timeout=max(STRAGGLER_MIN_S, STRAGGLER_SHARE * slowest))
+        if not done:  # nobody is ready yet: wait for the first, or the nearest deadline
+            deadline = min(episodes[i].started + self.limits.timeout_s for i, _ in stepping.values())
+            done, _ = wait(stepping, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+        ready = []
+        for future in list(stepping):
+            i, generate_s = stepping[future]
+            e = episodes[i]
+            if future in done:
+                del stepping[future]
+                if self._apply_step(e, *future.result(), delta, generate_s):
+                    ready.append(i)
             elif time.monotonic() - e.started > self.limits.timeout_s:
+                del stepping[future]  # its step is still running: the episode ends without it
+                e.turns[-1].update(assistant=self._last_turn_text(e), observation=[], reward=0.0,
+                                   generate_s=round(generate_s, 6), env_s=round(time.monotonic() - e.started, 6))
                 e.ended = "timeout"
-            elif turn + 1 < self.limits.max_turns:
-                ids = delta.observation_ids(messages, turn_ids)
-                if len(e.tokens) + len(ids) >= self.limits.max_tokens:
-                    e.ended = "max_tokens"  # no room for the observation and a turn after it
-                else:
-                    e.add(ids, False)
+        return sorted(ready)
+
+    def _apply_step(self, e: Episode, text: str, result, env_s: float, delta: ChatDelta, generate_s: float) -> bool:
+        """The environment's answer to the episode's last turn; whether the episode goes on."""
+        messages, reward, done = checked_step(result, self.spec)
+        record = e.turns[-1]
+        record.update(assistant=text, observation=messages, reward=reward,
+                      generate_s=round(generate_s, 6), env_s=round(env_s, 6))
+        if done:
+            e.ended = "done"
+        elif time.monotonic() - e.started > self.limits.timeout_s:
+            e.ended = "timeout"
+        elif len(e.turns) >= self.limits.max_turns:
+            e.ended = "max_turns"
+        else:
+            ids = delta.observation_ids(messages, e.tokens[len(e.tokens) - record["tokens"]:])
+            if len(e.tokens) + len(ids) >= self.limits.max_tokens:
+                e.ended = "max_tokens"  # no room for the observation and a turn after it
+            else:
+                e.add(ids, False)
+        return not e.ended
 
     def _timed_step(self, episode: Episode, text: str):
         start = time.monotonic()
         result = self._call(episode.env.step, text, "step")
-        return result, time.monotonic() - start
+        return text, result, time.monotonic() - start
 
     def _assemble(self, episodes: list[Episode]) -> dict:
         lengths = torch.tensor([len(e.tokens) for e in episodes], dtype=torch.long)
@@ -144,10 +196,11 @@ class EpisodeRunner:
                 out[row, :len(e.tokens)] = torch.tensor(getattr(e, name), dtype=dtype)
             return out
 
+        per_token = {col.ROLLOUT_LOG_PROBS: table("log_probs", torch.float)}
+        if self.entropy:
+            per_token[col.ROLLOUT_ENTROPY] = table("entropy", torch.float)
         out = assemble_rollout([e.prompt for e in episodes], table("tokens", torch.long, self.generator.pad),
-                               lengths, self.generator.pad, trained=table("trained", torch.long),
-                               rollout_log_probs=table("log_probs", torch.float),
-                               rollout_entropy=table("entropy", torch.float))
+                               lengths, self.generator.pad, trained=table("trained", torch.long), **per_token)
         out[col.EPISODE] = [self._record(e) for e in episodes]
         return out
 

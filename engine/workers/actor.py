@@ -90,6 +90,7 @@ class ActorWorker(Worker):
                                   offload=s.offload_in_rollout)
         if rollout_engine is not None:
             self.generator = rollout_engine
+            self.episodes = self._episode_runner()
             return
         # The generator runs on the training module itself: no second copy of the weights. Under
         # ZeRO-3, DeepSpeed's hooks gather each layer's parameters as the forward reaches it and
@@ -109,12 +110,12 @@ class ActorWorker(Worker):
         r = self.spec.rollout
         if not r.env:
             return None
-        if self.generator.sync_done is not None:
+        if getattr(self.generator, "sync_done", None) is not None:
             raise UserError("rollout.env with actor.zero_stage 3 over several ranks is not supported: ZeRO-3 "
                             "generates in lockstep and the ranks' episodes end after different turns; use "
                             "zero_stage 1 or 2")
         limits = EpisodeLimits(r.max_turns, r.max_response_length, r.episode_timeout_s, r.turn_discount,
-                               r.max_turn_tokens)
+                               r.max_turn_tokens, r.max_prompt_length)
         return EpisodeRunner(self.generator, self.tokenizer, load_env_class(r.env), r.env, limits)
 
     def _with_adapters(self, model, checkpoint: str | None):

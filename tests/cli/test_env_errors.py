@@ -25,10 +25,12 @@ def test_a_bad_env_import_path_is_one_line(tmp_path, tiny_model, spec, needle):
     assert_one_line_error(run_hflow("validate", str(recipe), timeout=120), f"rollout.env {spec!r}", needle)
 
 
-def test_env_with_the_vllm_engine_and_env_reward_without_env_are_one_line(tmp_path, tiny_model):
+def test_env_with_vllm_tensor_parallel_and_env_reward_without_env_are_one_line(tmp_path, tiny_model):
     recipe = write_recipe(tmp_path / "r.yaml", tiny_model, actor={"recompute_old_log_probs": True},
-                          rollout={"env": "hflow.recipes.envs.calculator:CalculatorEnv", "engine": "vllm"}, **ENV)
-    assert_one_line_error(run_hflow("validate", str(recipe), timeout=120), "rollout.env", "rollout.engine: hf")
+                          rollout={"env": "hflow.recipes.envs.calculator:CalculatorEnv", "engine": "vllm",
+                                   "tensor_parallel_size": 2}, **ENV)
+    assert_one_line_error(run_hflow("validate", str(recipe), timeout=120), "rollout.env",
+                          "rollout.tensor_parallel_size: 1")
     recipe = write_recipe(tmp_path / "r2.yaml", tiny_model, **ENV)
     assert_one_line_error(run_hflow("validate", str(recipe), timeout=120), "reward.function env", "rollout.env")
 

@@ -1,5 +1,6 @@
 """The shipped tool-use recipe, through the real CLI: in multi-turn episodes the tiny policy learns
-to call the calculator, and its reward rises with it."""
+to call the calculator, and its reward rises with it, generating with the hf engine and with the
+real vLLM (its CPU build here)."""
 
 import json
 from pathlib import Path
@@ -16,9 +17,15 @@ def _mean(events, key):
 
 
 @pytest.mark.slow
-def test_tiny_calculator_learns_to_call_the_tool(tmp_path, tiny_model):
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_tiny_calculator_learns_to_call_the_tool(tmp_path, tiny_model, engine, request):
+    extra = []
+    if engine == "vllm":
+        request.getfixturevalue("real_vllm")
+        extra = ["--set", "rollout.engine=vllm", "--set", "actor.recompute_old_log_probs=true"]
     result = run_hflow("train", "grpo/tiny_calculator", "--output-dir", str(tmp_path / "runs"),
-                       "--set", f"model.path={tiny_model}", "--set", f"trainer.total_steps={STEPS}", cwd=tmp_path)
+                       "--set", f"model.path={tiny_model}", "--set", f"trainer.total_steps={STEPS}", *extra,
+                       cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = Path(result.stdout.strip().splitlines()[-1])
     events = read_events(run)

@@ -174,9 +174,10 @@ class Recipe(BaseSettings):
                 raise ValueError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} needs rollout.engine: vllm "
                                  "(the hf engine generates on each rank's own copy of the model); set it to 1")
             return self
-        if r.env:
-            raise ValueError(f"rollout.env {r.env!r} needs rollout.engine: hf (the vllm engine runs single-turn "
-                             "rollouts only)")
+        if r.env and r.tensor_parallel_size > 1:
+            raise ValueError(f"rollout.env {r.env!r} with rollout.tensor_parallel_size={r.tensor_parallel_size} is "
+                             "not supported: a tensor-parallel group must generate identical requests, and its "
+                             "ranks' episodes end after different turns; set rollout.tensor_parallel_size: 1")
         if not self.actor.recompute_old_log_probs:
             raise ValueError("rollout.engine vllm needs actor.recompute_old_log_probs: true (vLLM reports no "
                              "per-token entropy, and its log-probs come from different kernels than training's)")

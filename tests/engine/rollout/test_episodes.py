@@ -1,6 +1,9 @@
 """Multi-turn episodes: the tokens trained on are exactly the sampled ones, the environment's tokens
 sit between them with loss mask 0, and the chat template's delta rebuilds the conversation."""
 
+import asyncio
+import time
+
 import pytest
 import torch
 
@@ -163,3 +166,99 @@ def test_a_template_that_rewrites_earlier_messages_is_a_user_error():
     with pytest.raises(UserError, match="renders a conversation's earlier messages differently"):
         EpisodeRunner(ScriptedGenerator(tok), tok, ThreeTurnEnv, "x:E", EpisodeLimits(3, 100, 60.0)).run(
             [{"prompt": "hi"}], [[1]], 1, SamplingParams(max_new_tokens=5), None)
+
+
+class SlowFirstStepEnv(ThreeTurnEnv):
+    """ThreeTurnEnv whose step takes `seconds` on the first turn of the row "slow"."""
+
+    seconds = 1.0
+
+    def reset(self, row):
+        self.slow = row["prompt"] == "slow"
+        return super().reset(row)
+
+    def step(self, text):
+        if self.slow and self.turn == 0:
+            time.sleep(self.seconds)
+        return super().step(text)
+
+
+class TimedGenerator(ScriptedGenerator):
+    """ScriptedGenerator that takes 0.2 s per call and records when each call started."""
+
+    def generate(self, prompts, n, params, rng=None):
+        self.started = getattr(self, "started", []) + [time.monotonic()]
+        time.sleep(0.2)
+        return super().generate(prompts, n, params, rng)
+
+
+def test_a_slow_step_holds_back_its_own_episode_not_the_batch():
+    tok = chatml_tokenizer()
+    gen = TimedGenerator(tok)
+    runner = EpisodeRunner(gen, tok, SlowFirstStepEnv, "x:E", EpisodeLimits(3, 200, 60.0))
+    start = time.monotonic()
+    out = runner.run([{"prompt": "hi"}, {"prompt": "slow"}, {"prompt": "yo"}], [[1]] * 3, 1,
+                     SamplingParams(max_new_tokens=50), None)
+    # The two fast episodes' second and third turns were generated while the slow step still ran.
+    assert [len(c) for c in gen.contexts[:3]] == [3, 2, 2]
+    assert gen.started[1] - start < SlowFirstStepEnv.seconds and gen.started[2] - start < SlowFirstStepEnv.seconds
+    assert [len(c) for c in gen.contexts[3:]] == [1, 1]  # then the slow one's, alone
+    assert [e["ended"] for e in out[col.EPISODE]] == ["done"] * 3
+    assert all(len(e["turns"]) == 3 for e in out[col.EPISODE])
+    slow = out[col.EPISODE][1]["turns"][0]
+    assert slow["env_s"] >= SlowFirstStepEnv.seconds and slow["observation"] == [{"role": "tool", "content": "result 1"}]
+
+
+def test_a_step_that_never_returns_ends_its_episode_at_the_deadline():
+    SlowFirstStepEnv.seconds = 30.0
+    try:
+        tok = chatml_tokenizer()
+        runner = EpisodeRunner(ScriptedGenerator(tok), tok, SlowFirstStepEnv, "x:E", EpisodeLimits(3, 200, 1.0))
+        start = time.monotonic()
+        out = runner.run([{"prompt": "slow"}, {"prompt": "hi"}], [[1]] * 2, 1, SamplingParams(max_new_tokens=50), None)
+        assert time.monotonic() - start < 10  # not the 30 s of the hung step
+    finally:
+        SlowFirstStepEnv.seconds = 1.0
+    hung, fast = out[col.EPISODE]
+    assert hung["ended"] == "timeout" and len(hung["turns"]) == 1 and hung["return"] == 0.0
+    assert fast["ended"] == "done" and len(fast["turns"]) == 3
+
+
+class AsyncThreeTurnEnv(ThreeTurnEnv):
+    async def reset(self, row):
+        return ThreeTurnEnv.reset(self, row)
+
+    async def step(self, text):
+        await asyncio.sleep(0.01)
+        return ThreeTurnEnv.step(self, text)
+
+
+class ContextGenerator(ScriptedGenerator):
+    """Its turn depends on the context only, not on which batch it was generated in."""
+
+    def generate(self, prompts, n, params, rng=None):
+        self.calls = 0
+        out = super().generate(prompts, n, params, rng)
+        turns = [self.turn_ids(len(p) % 7, len(p) % 5) for p in prompts]
+        return assemble_rollout(prompts, torch.tensor(turns), torch.tensor([len(t) for t in turns]), self.pad,
+                                rollout_log_probs=torch.zeros(len(turns), len(turns[0])),
+                                rollout_entropy=out[col.ROLLOUT_ENTROPY])
+
+
+def test_async_reset_and_step_run_like_sync_ones():
+    tok = chatml_tokenizer()
+    sync, run_async = (EpisodeRunner(ContextGenerator(tok), tok, env, "x:E", EpisodeLimits(4, 200, 60.0)).run(
+        [{"prompt": "hi"}, {"prompt": "yo"}], [[1]] * 2, 1, SamplingParams(max_new_tokens=50), None)
+        for env in (ThreeTurnEnv, AsyncThreeTurnEnv))
+    assert torch.equal(sync[col.INPUT_IDS], run_async[col.INPUT_IDS])
+    assert torch.equal(sync[col.RESPONSE_MASK], run_async[col.RESPONSE_MASK])
+    assert [e["return"] for e in sync[col.EPISODE]] == [e["return"] for e in run_async[col.EPISODE]] == [6.0, 6.0]
+
+
+def test_first_messages_longer_than_max_prompt_length_are_a_user_error():
+    tok = chatml_tokenizer()
+    runner = EpisodeRunner(ScriptedGenerator(tok), tok, ThreeTurnEnv, "m:E",
+                           EpisodeLimits(3, 100, 60.0, max_prompt_tokens=10))
+    with pytest.raises(UserError, match=r"rollout.env 'm:E': reset\(\) gave first messages of \d+ tokens, over "
+                                        r"data.max_prompt_length=10; raise data.max_prompt_length to at least"):
+        runner.run([{"prompt": "a long question"}], [[1]], 1, SamplingParams(max_new_tokens=5), None)
