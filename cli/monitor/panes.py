@@ -247,9 +247,26 @@ def samples(w: RunWatcher, row: int | None) -> Table | Text:
     t.add_column("reward", justify="right", width=8)
     for s in rows:
         reward = s.get("reward")
-        t.add_row(str(s.get("prompt", "")), str(s.get("response", "")),
-                  fmt_num(reward) if isinstance(reward, (int, float)) else "–")
+        response = episode_text(s["episode"]) if isinstance(s.get("episode"), dict) else str(s.get("response", ""))
+        t.add_row(str(s.get("prompt", "")), response, fmt_num(reward) if isinstance(reward, (int, float)) else "–")
     return t
+
+
+def episode_text(episode: dict) -> Text:
+    """A multi-turn episode (samples.jsonl's `episode`), turn by turn: what the model wrote, what
+    the environment answered, the turn's reward; then how it ended."""
+    out = Text()
+    for k, turn in enumerate(episode.get("turns", []), 1):
+        out.append(f"turn {k} ", style="bold")
+        out.append(f"assistant: {turn.get('assistant', '')}\n")
+        for message in turn.get("observation", []):
+            out.append(f"  {message.get('role', '?')}: {message.get('content', '')}\n", style="cyan")
+        if turn.get("reward"):
+            out.append(f"  reward {fmt_num(turn['reward'])}\n", style="green")
+    calls = episode.get("tool_calls")
+    out.append(f"ended {episode.get('ended', '?')}, return {fmt_num(episode.get('return', 0.0))}"
+               + (f", {calls} tool call{'s' * (calls != 1)}" if calls is not None else ""), style="dim")
+    return out
 
 
 def log_text(lines: list[str]) -> Text:

@@ -209,6 +209,25 @@ def test_shipped_safe_rlhf_fixture_placement_and_samples():
     run_app(FIXTURE, body)
 
 
+def test_a_multi_turn_sample_shows_its_episode_turn_by_turn(run_factory):
+    """samples.jsonl's `episode` (rollout.env runs): each turn's text, the tool's answer, rewards, the end."""
+    run = run_factory(steps=2, samples=False)
+    episode = {"turns": [{"assistant": "<tool_call>47 * 86</tool_call>", "reward": 0.0, "tokens": 9,
+                          "observation": [{"role": "tool", "content": "4042"}]},
+                         {"assistant": "4042", "observation": [], "reward": 1.0, "tokens": 3}],
+               "ended": "done", "return": 1.0, "tool_calls": 1}
+    (run / "samples.jsonl").write_text(json.dumps({"step": 2, "prompt": "What is 47 * 86?", "response": "x",
+                                                   "reward": 1.0, "episode": episode}) + "\n")
+
+    async def body(app, pilot):
+        await pilot.press("tab", "tab", "tab")
+        shown = cells(app.query_one("#samples", Static).content, 1)[0].plain
+        assert shown.splitlines() == ["turn 1 assistant: <tool_call>47 * 86</tool_call>", "  tool: 4042",
+                                      "turn 2 assistant: 4042", "  reward 1", "ended done, return 1, 1 tool call"]
+
+    run_app(run, body)
+
+
 def test_100k_step_run_loads_and_scrubs(tmp_path):
     run = tmp_path / "long"
     run.mkdir()
