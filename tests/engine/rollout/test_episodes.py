@@ -262,3 +262,45 @@ def test_first_messages_longer_than_max_prompt_length_are_a_user_error():
     with pytest.raises(UserError, match=r"rollout.env 'm:E': reset\(\) gave first messages of \d+ tokens, over "
                                         r"data.max_prompt_length=10; raise data.max_prompt_length to at least"):
         runner.run([{"prompt": "a long question"}], [[1]], 1, SamplingParams(max_new_tokens=5), None)
+
+
+class HermesGenerator(ScriptedGenerator):
+    """'Samples' SmolLM2-style turns: two Hermes calls, then the answer, each ending in <|im_end|>."""
+
+    TURNS = ['<tool_call>{"name": "calculator", "arguments": {"expression": "47 * 86"}}</tool_call>',
+             '<tool_call>{"name": "calculator", "arguments": {"expression": "4042 + 0"}}</tool_call>',
+             "The answer is 4042."]
+
+    def turn_ids(self, episode: int, turn: int) -> list[int]:
+        return self.tok(self.TURNS[turn], add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+
+
+@pytest.mark.slow
+def test_three_turns_with_smollm2_s_own_tokenizer_and_chat_template(smollm2_model):
+    """The acceptance test on a real chat model's BPE tokenizer and template (SmolLM2-135M-Instruct,
+    ChatML): the trained ids are exactly the sampled ones, the tool's messages sit between them with
+    mask 0, and prompt + response decode to the template's rendering of the whole conversation."""
+    from hflow.recipes.envs.arithmetic_tool import ArithmeticToolEnv
+
+    tok = load_tokenizer(str(smollm2_model))
+    gen = HermesGenerator(tok)
+    row = {"prompt": [{"role": "user", "content": "What is 47 * 86? Answer with a number."}], "answer": "4042"}
+    out = EpisodeRunner(gen, tok, ArithmeticToolEnv, "x:E", EpisodeLimits(3, 300, 60.0)).run(
+        [row], [[1]], 1, SamplingParams(max_new_tokens=60), None)
+    (episode,) = out[col.EPISODE]
+    assert episode["ended"] == "done" and episode["return"] == 1.0 and episode["tool_calls"] == 2
+    real = out[col.ATTENTION_MASK][0, -out[col.RESPONSES].shape[1]:].bool()
+    response = out[col.RESPONSES][0][real].tolist()
+    trained = out[col.RESPONSE_MASK][0][real].bool().tolist()
+    assert [t for t, m in zip(response, trained) if m] == sum((gen.turn_ids(0, t) for t in range(3)), [])
+    observations = [t for t, m in zip(response, trained) if not m]
+    assert "4042" in tok.decode(observations) and "<|im_start|>tool" in tok.decode(observations)
+    prompt = out[col.INPUT_IDS][0][out[col.ATTENTION_MASK][0].bool()].tolist()[:-len(response)]
+    starts = [i for i in range(len(response)) if trained[i] and (i == 0 or not trained[i - 1])]
+    assert [c[0] for c in gen.contexts] == [prompt + response[:start] for start in starts]  # never re-tokenized
+    conversation = ArithmeticToolEnv().reset(row)
+    for turn, text in enumerate(HermesGenerator.TURNS):
+        conversation.append({"role": "assistant", "content": text})
+        if turn < 2:
+            conversation.append({"role": "tool", "content": "4042"})
+    assert tok.decode(prompt + response) == tok.apply_chat_template(conversation, tokenize=False).rstrip("\n")
