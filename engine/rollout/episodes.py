@@ -9,10 +9,9 @@ The episodes of a step advance together: every episode that waits for a turn is 
 one batch (the `hf` engine re-encodes each context from the token ids so far; `vllm` takes them
 as token prompts and reuses the shared prefixes' KV cache), then their environments' steps run in
 a thread pool, off the generation path. The next batch is whoever has finished stepping: the
-runner waits for the slow steps at most a quarter of the last generation's time (`STRAGGLER_SHARE`,
-at least `STRAGGLER_MIN_S`)
-and then generates for the ready ones, so a slow tool holds back its own episode, not the batch.
-Finished episodes leave. An episode ends when its environment says done, at `rollout.max_turns`,
+runner waits for slow steps at most a quarter of the last generation's time (`STRAGGLER_SHARE`,
+at least `STRAGGLER_MIN_S`), then generates for the ready ones, so a slow tool holds back its own
+episode, not the batch. Finished episodes leave. An episode ends when its environment says done, at `rollout.max_turns`,
 when the next turn would have no room within `max_response_length` tokens, or past
 `rollout.episode_timeout_s` seconds, even inside a step that has not returned (the step's thread
 is abandoned: Python cannot stop it). A turn samples at most `rollout.max_turn_tokens`.
@@ -39,6 +38,7 @@ from hflow.errors import UserError
 
 STRAGGLER_SHARE = 0.25  # of the last generation's seconds: how long ready episodes wait for slow steps
 STRAGGLER_MIN_S = 0.02  # and at least this: steps of a few milliseconds join the same batch
+
 
 @dataclass
 class Episode:
@@ -74,7 +74,7 @@ class EpisodeRunner:
         `episode` column: one record per row (`columns.EPISODE`)."""
         episodes, delta = self._start(rows, prompt_ids, n)
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hflow-env")
-        stepping: dict[Future, tuple[int, float]] = {}  # a running step -> (its episode, that turn's generation s)
+        stepping: dict[Future, tuple[int, float, float]] = {}  # a running step -> (episode, generation s, submitted)
         ready = list(range(len(episodes)))
         try:
             while ready or stepping:
@@ -82,7 +82,8 @@ class EpisodeRunner:
                     live = [episodes[i] for i in ready]
                     generate_s = self._generate_turn(live, params, rng)
                     for i, e in zip(ready, live):
-                        stepping[pool.submit(self._timed_step, e, self._last_turn_text(e))] = (i, generate_s)
+                        future = pool.submit(self._timed_step, e, self._last_turn_text(e))
+                        stepping[future] = (i, generate_s, time.monotonic())
                 ready = self._collect(episodes, stepping, delta)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # a step past its episode's deadline is left behind
@@ -141,14 +142,14 @@ class EpisodeRunner:
     def _collect(self, episodes: list[Episode], stepping: dict, delta: ChatDelta) -> list[int]:
         """Wait for environment steps (see the module docstring) and apply the finished ones; the
         episodes that now wait for a turn, in episode order."""
-        slowest = max(generate_s for _, generate_s in stepping.values())
+        slowest = max(generate_s for _, generate_s, _ in stepping.values())
         done, _ = wait(stepping, timeout=max(STRAGGLER_MIN_S, STRAGGLER_SHARE * slowest))
         if not done:  # nobody is ready yet: wait for the first, or the nearest deadline
-            deadline = min(episodes[i].started + self.limits.timeout_s for i, _ in stepping.values())
+            deadline = min(episodes[i].started + self.limits.timeout_s for i, _, _ in stepping.values())
             done, _ = wait(stepping, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
         ready = []
         for future in list(stepping):
-            i, generate_s = stepping[future]
+            i, generate_s, submitted = stepping[future]
             e = episodes[i]
             if future in done:
                 del stepping[future]
@@ -157,7 +158,7 @@ class EpisodeRunner:
             elif time.monotonic() - e.started > self.limits.timeout_s:
                 del stepping[future]  # its step is still running: the episode ends without it
                 e.turns[-1].update(assistant=self._last_turn_text(e), observation=[], reward=0.0,
-                                   generate_s=round(generate_s, 6), env_s=round(time.monotonic() - e.started, 6))
+                                   generate_s=round(generate_s, 6), env_s=round(time.monotonic() - submitted, 6))
                 e.ended = "timeout"
         return sorted(ready)
 
