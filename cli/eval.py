@@ -22,8 +22,8 @@ def eval_(
     set_: Annotated[list[str], typer.Option("--set", help="Override a key: --set eval.n=4.")] = [],
 ) -> None:
     """Evaluate DIR on the recipe's `data.eval` with its `eval` sampling, reward and engine; print
-    eval/reward, eval/accuracy (share of responses with reward >= 1), eval/pass@n (eval.n > 1) and
-    eval/response_length, one per line."""
+    eval/reward, eval/accuracy (share of responses with reward >= 1), eval/pass@n (eval.n > 1),
+    eval/response_length and, for tool environments (rollout.env), eval/tool_call_share, one per line."""
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
     if not loaded.data.eval:

@@ -9,6 +9,8 @@ scores the responses with the reward role, and logs:
                         exact_match or arithmetic: the share answered right)
   eval/pass@n           (eval.n > 1) share of prompts with at least one response of reward >= 1.0
   eval/response_length  mean response length in tokens
+  eval/tool_call_share  (`rollout.env` environments that count tool calls) share of eval
+                        episodes that called a tool
 
 Evaluation draws from its own seed stream ("eval"), never from the rollout's or the data's, and
 changes no state: a run with evaluation trains exactly as the same run without it.
@@ -23,6 +25,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.episode_stats import episode_metrics
 from hflow.trainer.control.placement import build_worker_groups
 from hflow.trainer.data.prompts import encode_prompt, read_eval_rows
 
@@ -73,8 +76,12 @@ class Evaluator:
         batch |= reward.compute_reward(batch)
         n = self.recipe.eval.n
         keep = len(self.rows) * n  # the padding rows are left out of the metrics
-        batch = batch.select(col.SCORES, col.RESPONSE_MASK)
-        return eval_metrics(batch[col.SCORES][:keep], batch[col.RESPONSE_MASK][:keep].sum(-1), n)
+        metrics = eval_metrics(batch[col.SCORES][:keep], batch[col.RESPONSE_MASK][:keep].sum(-1), n)
+        if col.EPISODE in batch:
+            share = episode_metrics(batch[col.EPISODE][:keep]).get("episode/tool_call_share")
+            if share is not None:
+                metrics["eval/tool_call_share"] = share
+        return metrics
 
 
 def evaluate_model(recipe: Recipe, checkpoint: str | None, step: int) -> dict[str, float]:

@@ -12,9 +12,12 @@ which is what the quickstart and the end-to-end tests need.
           `recipes/envs/calculator.py`)
   arithmetic  chat: "What is 12 + 7? Answer with a number." -> 1.0 when the response's last
           number is the result, else 0.0 (for a real instruct model, e.g. SmolLM2-135M-Instruct)
+  multiply  chat: "What is 47 * 86? Answer with a number." (two-digit operands), scored as
+          arithmetic: beyond a 135M model's mental arithmetic, within reach of a calculator tool
+          (`recipes/envs/arithmetic_tool.py`)
 
-`arithmetic` draws from a fixed set of problems split once into train and held-out parts by a
-hash of the problem, so `data.train` and `data.eval` of `synthetic:arithmetic` never share one.
+`arithmetic` and `multiply` draw from fixed sets of problems split once into train and held-out
+parts by a hash of the problem, so `data.train` and `data.eval` of one never share a problem.
 """
 
 from __future__ import annotations
@@ -98,16 +101,25 @@ def is_held_out(a: int, op: str, b: int) -> bool:
     return hashlib.sha256(f"{a}{op}{b}".encode()).digest()[0] % EVAL_SHARE == 0
 
 
-_SPLITS: dict[str, list[tuple[int, str, int]]] = {}
+_SPLITS: dict[tuple[str, str], list[tuple[int, str, int]]] = {}
+
+
+def _split(name: str, make: Callable[[], list[tuple[int, str, int]]], split: str) -> list[tuple[int, str, int]]:
+    if (name, split) not in _SPLITS:
+        problems = make()
+        _SPLITS[name, "train"] = [p for p in problems if not is_held_out(*p)]
+        _SPLITS[name, "eval"] = [p for p in problems if is_held_out(*p)]
+    return _SPLITS[name, split]
 
 
 def arithmetic_problems(split: str) -> list[tuple[int, str, int]]:
-    """Every problem of `split` (train or eval), in a fixed order."""
-    if not _SPLITS:
-        problems = _problems()
-        _SPLITS["train"] = [p for p in problems if not is_held_out(*p)]
-        _SPLITS["eval"] = [p for p in problems if is_held_out(*p)]
-    return _SPLITS[split]
+    """Every `arithmetic` problem of `split` (train or eval), in a fixed order."""
+    return _split("arithmetic", _problems, split)
+
+
+def multiply_problems(split: str) -> list[tuple[int, str, int]]:
+    """Every `multiply` problem of `split`: a * b with a and b in 11..99 (b not a multiple of 10)."""
+    return _split("multiply", lambda: [(a, "*", b) for a in range(11, 100) for b in range(11, 100) if b % 10], split)
 
 
 def _arithmetic_row(problem: tuple[int, str, int]) -> dict:
@@ -127,10 +139,11 @@ TASKS: dict[str, tuple[Callable[[random.Random], dict], Callable[[str, str], flo
     "echo": (_echo, score_echo),
     "calc": (_calc, score_letter),
     "arithmetic": (lambda rng: _arithmetic_row(rng.choice(arithmetic_problems("train"))), score_arithmetic),
+    "multiply": (lambda rng: _arithmetic_row(rng.choice(multiply_problems("train"))), score_arithmetic),
 }
 # Tasks with a held-out split: task -> (its problems of a split, a problem's row). Their prompts
 # are chat messages for a real instruct model; the other tasks are text, for the tiny models.
-SPLIT_TASKS = {"arithmetic": (arithmetic_problems, _arithmetic_row)}
+SPLIT_TASKS = {"arithmetic": (arithmetic_problems, _arithmetic_row), "multiply": (multiply_problems, _arithmetic_row)}
 
 
 def make_rows(task: str, size: int, seed: int, split: str = "train") -> list[dict]:
