@@ -28,6 +28,8 @@ CASES = [("grpo", "hf", 0.3, 0.1), ("grpo", "vllm", 0.3, 0.1), ("ppo", "hf", 0.0
 def test_tiny_calculator_learns_to_call_the_tool(tmp_path, tiny_model, algorithm, engine, share_rise, reward_rise,
                                                  request):
     extra = ["--set", f"algorithm={algorithm}"]
+    if (algorithm, engine) == ("grpo", "hf"):  # and held-out evaluation of the episodes, greedy
+        extra += ["--set", "data.eval=synthetic:calc", "--set", "data.eval_size=16", "--set", f"trainer.eval_every={STEPS}"]
     if engine == "vllm":
         request.getfixturevalue("real_vllm")
         extra += ["--set", "rollout.engine=vllm", "--set", "actor.recompute_old_log_probs=true"]
@@ -37,6 +39,11 @@ def test_tiny_calculator_learns_to_call_the_tool(tmp_path, tiny_model, algorithm
     assert result.returncode == 0, result.stderr[-3000:]
     run = Path(result.stdout.strip().splitlines()[-1])
     events = read_events(run)
+    evals = [e for e in events if "eval/accuracy" in e]
+    events = [e for e in events if "reward/mean" in e]
+    if (algorithm, engine) == ("grpo", "hf"):
+        assert [e["step"] for e in evals] == [0, STEPS]
+        assert evals[-1]["eval/tool_call_share"] >= evals[0]["eval/tool_call_share"] + 0.3, evals
     assert [e["step"] for e in events] == list(range(1, STEPS + 1))
     first, last = events[:3], events[-3:]
     assert _mean(last, "episode/tool_call_share") >= _mean(first, "episode/tool_call_share") + share_rise
