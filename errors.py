@@ -14,6 +14,11 @@ train.log and exits 1. Any other exception is a bug and keeps its full traceback
 """
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, for a one-line report."""
+    return (str(err).strip().splitlines() or [""])[0]
+
+
 class UserError(Exception):
     """A mistake in the user's input (recipe, paths, data, reward code), reported in one line."""
 

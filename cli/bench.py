@@ -9,9 +9,7 @@ from typing import Annotated
 import typer
 
 from hflow.cli.quiet import quiet_libraries
-from hflow.engine.models.loading import build_tiny_model
 from hflow.trainer.config.load import check_runtime, load_recipe
-from hflow.trainer.control import bench as measure
 
 
 class What(str, Enum):
@@ -34,9 +32,12 @@ def bench(
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
     check_runtime(loaded, str(path))
+    # torch and the rest load only now: a mistake in the recipe is reported in a fraction of a second.
+    from hflow.engine.models.loading import build_tiny_model
+    from hflow.trainer.control import bench as measure
+
     if loaded.model.init:
         from pathlib import Path
-
 
         if not Path(loaded.model.path).exists():
             build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)

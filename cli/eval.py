@@ -11,7 +11,6 @@ import typer
 from hflow.cli.quiet import quiet_libraries
 from hflow.errors import UserError
 from hflow.trainer.config.load import check_runtime, load_recipe
-from hflow.trainer.control.evaluate import evaluate_model
 from hflow.trainer.rundir.layout import TRAINER_STATE
 
 
@@ -31,6 +30,8 @@ def eval_(
                         "or a .jsonl file")
     check_runtime(loaded, str(path))
     ckpt, step = _source(checkpoint, loaded)
+    from hflow.trainer.control.evaluate import evaluate_model  # torch: only once the recipe is right
+
     metrics = evaluate_model(loaded, ckpt, step)
     for key, value in metrics.items():
         typer.echo(f"{key} {value:.4f}")

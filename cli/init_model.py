@@ -9,9 +9,8 @@ import typer
 
 from hflow.cli.quiet import quiet_libraries
 from hflow.engine.models.gguf_import import SHIPPED_GGUF, import_gguf, shipped_gguf
-from hflow.engine.models.loading import TINY_SHAPES, build_tiny_model
+from hflow.engine.models.tiny_shapes import TINY_SHAPES
 from hflow.errors import UserError
-from hflow.trainer.data.tiny_scorers import train_tiny_scorer
 
 SCORERS = {"tiny-reward": "reward", "tiny-cost": "cost"}
 KINDS = [*TINY_SHAPES, *SCORERS, *SHIPPED_GGUF]
@@ -41,9 +40,13 @@ def init_model(
     if kind in SHIPPED_GGUF:
         import_gguf(shipped_gguf(kind), out_dir)
     elif kind in SCORERS:
+        from hflow.trainer.data.tiny_scorers import train_tiny_scorer
+
         card = train_tiny_scorer(out_dir, SCORERS[kind], task, seed, steps)
         quality = {k: v for k, v in card.items() if k.startswith("held_out")}
         typer.echo(f"{kind} for task {task}: " + ", ".join(f"{k} {v}" for k, v in quality.items()), err=True)
     else:
+        from hflow.engine.models.loading import build_tiny_model
+
         build_tiny_model(out_dir, kind, seed)
     typer.echo(str(out_dir))

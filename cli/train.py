@@ -6,21 +6,19 @@ import logging
 import os
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from hflow.cli.quiet import quiet_libraries
-from hflow.engine.models.loading import build_tiny_model, cpu_has_native_bf16
 from hflow.errors import RunFailed, UserError
-from hflow.trainer.algorithms.registry import trainer_for
 from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.control.inputs import check_inputs
-from hflow.trainer.control.session import failure_message
 from hflow.trainer.control.stop import is_stop, stop_exit_code, stop_message, stop_signals
 from hflow.trainer.rundir.layout import RECIPE
-from hflow.trainer.rundir.writer import RunDir
+
+if TYPE_CHECKING:
+    from hflow.trainer.rundir.writer import RunDir
 
 # What --set may change on --resume: keys that do not alter the run's math.
 ENV_PREFIX = Recipe.model_config["env_prefix"]  # HFLOW_: recipe keys from the environment
@@ -51,6 +49,12 @@ def train(
         try:
             loaded, origin = _recipe(recipe, set_, resume)
             check_runtime(loaded, origin)
+            # torch and the rest load only now: a mistake in the recipe is reported in a fraction of a second.
+            from hflow.engine.models.loading import build_tiny_model
+            from hflow.trainer.algorithms.registry import trainer_for
+            from hflow.trainer.control.inputs import check_inputs
+            from hflow.trainer.rundir.writer import RunDir
+
             algorithm = trainer_for(loaded.algorithm)
             if loaded.model.init and not Path(loaded.model.path).exists():
                 build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)
@@ -75,6 +79,8 @@ def _note_slow_bf16(recipe: Recipe) -> None:
     """One line when bf16 was asked for on a CPU that can only emulate it (the run is slower)."""
     import torch
 
+    from hflow.engine.models.loading import cpu_has_native_bf16
+
     if recipe.model.dtype == "bfloat16" and not torch.cuda.is_available() and cpu_has_native_bf16() is False:
         typer.echo("note: model.dtype bfloat16 on a CPU without AVX512-BF16 or AMX: torch emulates bf16 "
                    "matrix products here, many times slower than float32 (model.dtype: float32 or auto)", err=True)
@@ -95,6 +101,8 @@ def _recipe(recipe: Optional[str], set_: list[str], resume: Optional[Path]) -> t
 
 def _run(algorithm, recipe: Recipe, run: RunDir) -> None:
     """Run the algorithm; however it ends, the run is marked and its directory closed (unlocked)."""
+    from hflow.trainer.control.session import failure_message
+
     try:
         algorithm(recipe, run)
     except BaseException as err:

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from hflow.trainer.config.load import check_runtime, load_recipe
-from hflow.trainer.control.inputs import check_inputs
 
 
 def validate(
@@ -23,5 +22,7 @@ def validate(
     loaded, path = load_recipe(recipe, set_)
     check_runtime(loaded, str(path))
     if inputs:
+        from hflow.trainer.control.inputs import check_inputs  # torch: only once the recipe is right
+
         check_inputs(loaded)
     typer.echo(f"ok: {path} ({loaded.algorithm}, model {loaded.model.path})")

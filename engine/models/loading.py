@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from hflow.engine.models.folder import ACCEPTED, folder_problem
+from hflow.engine.models.tiny_shapes import TINY_SHAPES
 from hflow.errors import UserError
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
@@ -25,13 +26,6 @@ TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
-TINY_SHAPES = {
-    # name: (hidden, layers, heads, intermediate)
-    "tiny": (64, 2, 2, 192),  # 0.1M parameters; head_dim 32, the smallest vLLM's CPU attention runs
-    "small": (256, 4, 8, 768),  # 3.4M
-    "medium": (512, 8, 8, 1536),  # 27M
-    "base": (768, 12, 12, 3072),  # 85M: the ~100M-parameter scale of `hflow bench`
-}
 
 
 def build_tiny_tokenizer():

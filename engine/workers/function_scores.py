@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hflow.errors import UserError
+from hflow.errors import UserError, first_line
 
 
 def call_scorer(fn: Callable[..., Any], what: str, prompts: list, responses: list[str],
@@ -72,5 +72,3 @@ def _describe(value: Any) -> str:
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({text})"
 
 
-def first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [""])[0]

@@ -14,8 +14,7 @@ import importlib
 import re
 from typing import Callable
 
-from hflow.engine.workers.function_scores import first_line
-from hflow.errors import UserError
+from hflow.errors import UserError, first_line
 from hflow.trainer.data import reward_defaults, tasks
 
 RewardFn = Callable[..., list[float]]
