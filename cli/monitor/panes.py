@@ -33,9 +33,14 @@ CHARTS = [
     ChartSpec("throughput tokens/s", "throughput/tokens_per_s", color="blue"),
     ChartSpec("cost", "cost/mean", color="bright_red"),
     ChartSpec("lagrange lambda", "lagrange/lambda", color="bright_magenta"),
+    ChartSpec("tool-call share (episodes)", "episode/tool_call_share", color="bright_cyan"),  # rollout.env
+    ChartSpec("episode turns", "episode/turns_mean", color="cyan"),
+    ChartSpec("staleness (async)", "async/staleness_mean", band=("async/staleness_mean", "async/staleness_max"),
+              color="bright_yellow"),  # trainer.mode async: policy versions behind, mean [.. max]
+    ChartSpec("rollout queue depth (async)", "async/queue_depth", color="yellow"),
 ]
 # Keys shown elsewhere (charts, bands, timing, memory), so not in "other metrics".
-_SHOWN = {s.key for s in CHARTS} | {"reward/min", "reward/max", "reward/std"}
+_SHOWN = {s.key for s in CHARTS} | {"reward/min", "reward/max", "reward/std", "async/staleness_max"}
 STAGE_COLORS = ["cyan", "green", "yellow", "magenta", "blue", "red", "bright_cyan", "bright_green", "bright_yellow"]
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 

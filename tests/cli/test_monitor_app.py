@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fake_runs import event
 from hflow.cli.monitor.app import HelpScreen, MonitorApp
 from hflow.cli.monitor.charts import Chart
 from textual.widgets import RichLog, Static, TabbedContent
@@ -207,6 +208,30 @@ def test_shipped_safe_rlhf_fixture_placement_and_samples():
         assert "INFO training finished" in log
 
     run_app(FIXTURE, body)
+
+
+def test_tool_use_and_async_runs_get_their_charts(run_factory):
+    """episode/* (rollout.env) and async/* (trainer.mode async) keys have charts; a run without them does not."""
+    plain = run_factory(steps=3, name="plain")
+    run = run_factory(steps=0, name="tools-async")
+    with open(run / "events.jsonl", "a") as f:
+        for step in (1, 2, 3):
+            f.write(json.dumps({**event(step, "grpo"), "episode/tool_call_share": 0.25 * step, "episode/turns_mean": 1.5,
+                                "async/staleness_mean": 0.5, "async/staleness_max": 1.0,
+                                "async/queue_depth": 1.0}) + "\n")
+
+    async def body(app, pilot):
+        await wait_for(pilot, lambda: chart(app, "episode/tool_call_share").display)
+        assert chart(app, "episode/tool_call_share").series.line.tolist() == [0.25, 0.5, 0.75]
+        staleness = chart(app, "async/staleness_mean")
+        assert staleness.display and staleness.series.hi.tolist() == [1.0, 1.0, 1.0]
+        assert chart(app, "async/queue_depth").display and chart(app, "episode/turns_mean").display
+
+    async def without(app, pilot):
+        assert not chart(app, "episode/tool_call_share").display and not chart(app, "async/staleness_mean").display
+
+    run_app(run, body)
+    run_app(plain, without)
 
 
 def test_a_multi_turn_sample_shows_its_episode_turn_by_turn(run_factory):
