@@ -14,7 +14,8 @@ at least `STRAGGLER_MIN_S`), then generates for the ready ones, so a slow tool h
 episode, not the batch. Finished episodes leave. An episode ends when its environment says done, at `rollout.max_turns`,
 when the next turn would have no room within `max_response_length` tokens, or past
 `rollout.episode_timeout_s` seconds, even inside a step that has not returned (the step's thread
-is abandoned: Python cannot stop it). A turn samples at most `rollout.max_turn_tokens`.
+is abandoned: Python cannot stop it; it is a daemon, so it does not hold the process at exit). A
+turn samples at most `rollout.max_turn_tokens`.
 
 `step` (and `reset`) may be coroutines (`async def`): each runs to completion on its own event
 loop in a pool thread.
@@ -24,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -38,6 +40,30 @@ from hflow.errors import UserError
 
 STRAGGLER_SHARE = 0.25  # of the last generation's seconds: how long ready episodes wait for slow steps
 STRAGGLER_MIN_S = 0.02  # and at least this: steps of a few milliseconds join the same batch
+
+
+class DaemonPool:
+    """`submit(fn, *args) -> Future`, each call in its own daemon thread, at most `workers` running
+    at once. Unlike ThreadPoolExecutor's threads, which the interpreter joins at exit, a step left
+    behind past its deadline cannot keep the process from ending."""
+
+    def __init__(self, workers: int):
+        self.slots = threading.BoundedSemaphore(workers)
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+
+        def run():
+            with self.slots:
+                if not future.set_running_or_notify_cancel():
+                    return
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as err:
+                    future.set_exception(err)
+
+        threading.Thread(target=run, daemon=True, name="hflow-env-step").start()
+        return future
 
 
 @dataclass
@@ -73,7 +99,7 @@ class EpisodeRunner:
         """The rollout dict (`assembly.assemble_rollout`) of n episodes per row, plus the
         `episode` column: one record per row (`columns.EPISODE`)."""
         episodes, delta = self._start(rows, prompt_ids, n)
-        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hflow-env")
+        pool = DaemonPool(self.workers)
         stepping: dict[Future, tuple[int, float, float]] = {}  # a running step -> (episode, generation s, submitted)
         ready = list(range(len(episodes)))
         try:
@@ -86,7 +112,8 @@ class EpisodeRunner:
                         stepping[future] = (i, generate_s, time.monotonic())
                 ready = self._collect(episodes, stepping, delta)
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # a step past its episode's deadline is left behind
+            for future in stepping:  # an error ends the run: steps not yet started never start
+                future.cancel()
         return self._assemble(episodes)
 
     def _start(self, rows: list[dict], prompt_ids: list[list[int]], n: int):

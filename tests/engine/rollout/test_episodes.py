@@ -171,7 +171,7 @@ def test_a_template_that_rewrites_earlier_messages_is_a_user_error():
 class SlowFirstStepEnv(ThreeTurnEnv):
     """ThreeTurnEnv whose step takes `seconds` on the first turn of the row "slow"."""
 
-    seconds = 1.0
+    seconds = 2.0
 
     def reset(self, row):
         self.slow = row["prompt"] == "slow"
@@ -218,10 +218,34 @@ def test_a_step_that_never_returns_ends_its_episode_at_the_deadline():
         out = runner.run([{"prompt": "slow"}, {"prompt": "hi"}], [[1]] * 2, 1, SamplingParams(max_new_tokens=50), None)
         assert time.monotonic() - start < 10  # not the 30 s of the hung step
     finally:
-        SlowFirstStepEnv.seconds = 1.0
+        SlowFirstStepEnv.seconds = 2.0
     hung, fast = out[col.EPISODE]
     assert hung["ended"] == "timeout" and len(hung["turns"]) == 1 and hung["return"] == 0.0
     assert fast["ended"] == "done" and len(fast["turns"]) == 3
+
+
+LEFT_BEHIND = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from test_episodes import *
+SlowFirstStepEnv.seconds = 600.0
+tok = chatml_tokenizer()
+out = EpisodeRunner(ScriptedGenerator(tok), tok, SlowFirstStepEnv, "x:E", EpisodeLimits(3, 200, 1.0)).run(
+    [{"prompt": "slow"}], [[1]], 1, SamplingParams(max_new_tokens=50), None)
+print(out["episode"][0]["ended"])
+"""
+
+
+def test_a_step_left_behind_does_not_keep_the_process_from_exiting():
+    """The abandoned step's thread is a daemon: the run's process ends when its work does, not
+    when a hung environment step would have returned (here: after 600 s)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run([sys.executable, "-c", LEFT_BEHIND, str(Path(__file__).parent)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.split() == ["timeout"], result.stderr[-2000:]
 
 
 class AsyncThreeTurnEnv(ThreeTurnEnv):
