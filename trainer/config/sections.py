@@ -288,14 +288,15 @@ class RolloutConfig(Section):
         "(None: the row's prompt) and step(assistant_text) -> (observation messages, reward, done); a fresh "
         "instance plays each episode (README, 'Multi-turn episodes and tools'). max_response_length then caps "
         "the whole episode's response (sampled and observation tokens). With `reward.function: env` the score "
-        "is the episode's return. hf engine only.",
+        "is the episode's return. Either engine (vllm: with tensor_parallel_size 1).",
     )
     max_turns: int = Field(4, ge=1, description="rollout.env: most assistant turns per episode.")
     max_turn_tokens: Optional[int] = Field(
         None, gt=0, description="rollout.env: most tokens sampled in one turn; default: max_response_length."
     )
     episode_timeout_s: float = Field(
-        600.0, gt=0, description="rollout.env: an episode running longer (wall clock) ends after its current turn."
+        600.0, gt=0, description="rollout.env: an episode running longer (wall clock) ends after its current turn, "
+        "or at once when it is waiting on an environment step."
     )
     turn_discount: float = Field(
         1.0, gt=0, le=1,
