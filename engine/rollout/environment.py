@@ -18,7 +18,7 @@ import importlib
 import math
 from dataclasses import dataclass
 
-from hflow.errors import UserError
+from hflow.errors import UserError, first_line
 
 KEY = "rollout.env"
 
@@ -47,9 +47,8 @@ def load_env_class(spec: str, key: str = KEY) -> type:
     except ImportError as err:
         raise UserError(f"{key} {spec!r}: cannot import module {module_name!r} ({err})") from None
     except Exception as err:  # a SyntaxError, or anything the module raises while it loads
-        first = str(err).splitlines()[0] if str(err) else ""
         raise UserError(f"{key} {spec!r}: importing module {module_name!r} raised "
-                        f"{type(err).__name__}: {first}") from err
+                        f"{type(err).__name__}: {first_line(err)}") from err
     cls = getattr(module, attr, None)
     if not isinstance(cls, type):
         raise UserError(f"{key} {spec!r}: module {module_name!r} has no class {attr!r}")

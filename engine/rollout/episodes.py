@@ -36,7 +36,7 @@ from hflow.engine import columns as col
 from hflow.engine.rollout.assembly import assemble_rollout
 from hflow.engine.rollout.chat_delta import ChatDelta
 from hflow.engine.rollout.environment import EpisodeLimits, checked_step, discounted_return
-from hflow.errors import UserError
+from hflow.errors import UserError, first_line
 
 STRAGGLER_SHARE = 0.25  # of the last generation's seconds: how long ready episodes wait for slow steps
 STRAGGLER_MIN_S = 0.02  # and at least this: steps of a few milliseconds join the same batch
@@ -83,6 +83,10 @@ class Episode:
         self.trained += [int(sampled)] * len(ids)
         self.log_probs += list(log_probs) if sampled else [0.0] * len(ids)
         self.entropy += list(entropy) if sampled else [0.0] * len(ids)
+
+    def last_turn(self) -> list[int]:
+        """The token ids sampled in the latest turn."""
+        return self.tokens[len(self.tokens) - self.turns[-1]["tokens"]:]
 
 
 class EpisodeRunner:
@@ -143,8 +147,8 @@ class EpisodeRunner:
         except UserError:
             raise
         except Exception as err:
-            first = str(err).splitlines()[0] if str(err) else ""
-            raise UserError(f"rollout.env {self.spec!r}: {name}() raised {type(err).__name__}: {first}") from err
+            raise UserError(f"rollout.env {self.spec!r}: {name}() raised "
+                            f"{type(err).__name__}: {first_line(err)}") from err
 
     def _generate_turn(self, live: list[Episode], params, rng) -> float:
         """One sampled turn for every episode of `live`, appended to it; the seconds it took."""
@@ -164,7 +168,7 @@ class EpisodeRunner:
         return time.monotonic() - start
 
     def _last_turn_text(self, e: Episode) -> str:
-        return self.tokenizer.decode(e.tokens[len(e.tokens) - e.turns[-1]["tokens"]:], skip_special_tokens=True)
+        return self.tokenizer.decode(e.last_turn(), skip_special_tokens=True)
 
     def _collect(self, episodes: list[Episode], stepping: dict, delta: ChatDelta) -> list[int]:
         """Wait for environment steps (see the module docstring) and apply the finished ones; the
@@ -202,7 +206,7 @@ class EpisodeRunner:
         elif len(e.turns) >= self.limits.max_turns:
             e.ended = "max_turns"
         else:
-            ids = delta.observation_ids(messages, e.tokens[len(e.tokens) - record["tokens"]:])
+            ids = delta.observation_ids(messages, e.last_turn())
             if len(e.tokens) + len(ids) >= self.limits.max_tokens:
                 e.ended = "max_tokens"  # no room for the observation and a turn after it
             else:

@@ -70,5 +70,3 @@ def _describe(value: Any) -> str:
     text = text if len(text) <= 40 else text[:37] + "..."
     name = type(value).__name__
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({text})"
-
-
