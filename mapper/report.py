@@ -11,6 +11,11 @@ def _seconds(value: float) -> str:
 
 def _parallel(strategy: dict) -> tuple[str, str, str]:
     """(training tp/pp/dp or inference tp/pp/dp, ZeRO stage, generation) columns of one role."""
+    if "train" not in strategy and "infer" not in strategy:  # async mode's rollout: generation only
+        gen = strategy["generate"]
+        waves = f", {gen['waves']} waves" if gen["waves"] > 1 else ""
+        engines = f"{gen['replicas']} engine{'s' if gen['replicas'] > 1 else ''}"
+        return "generate only", "-", f"tp {gen['tp']}: {engines} of {gen['batch_per_replica']} seqs{waves}"
     main = strategy.get("train") or strategy["infer"]
     layout = f"{'train' if 'train' in strategy else 'infer'} {main['tp']}/{main['pp']}/{main['dp']}"
     zero = str(main["zero_stage"]) + (" +offload" if main.get("offload") else "")
@@ -38,14 +43,7 @@ def format_plan(plan: dict, source: str) -> str:
     ]
     if plan["note"]:
         lines.append(f"note: {plan['note']}")
-    stage = plan["stage_s"]
-    lines += [
-        "",
-        f"best plan: {plan['name']} -- {plan['estimated_iteration_s']:.1f} s per iteration "
-        f"({' + '.join(f'{s} {stage[s]:.1f}' for s in STAGES)}), "
-        f"{plan['throughput_tokens_per_s']:,.0f} tokens/s, {plan['devices_used']} of {plan['devices_total']} devices",
-        "",
-    ]
+    lines += ["", _best_line(plan), ""]
     header = ("pool", "devices", "role", "model", "tp/pp/dp", "ZeRO", "generation", "gen s", "prep s", "train s")
     rows = []
     for pool in plan["pools"]:
@@ -61,6 +59,8 @@ def format_plan(plan: dict, source: str) -> str:
         mem = pool["memory_gb"]
         lines.append(f"peak memory per device, {pool['name']}: " + ", ".join(f"{s} {_gb(mem[s])}" for s in STAGES)
                      + f" (of {mem['usable']:.1f} GB usable, {mem['capacity']:.1f} GB total)")
+    if "async" in plan:
+        lines += _async_lines(plan["async"])
     if plan["placements_fitting"] == 1:
         lines += ["", "runners-up: none, no other placement fits in memory"]
     elif plan["runners_up"]:
@@ -69,10 +69,42 @@ def format_plan(plan: dict, source: str) -> str:
                  *(f"{r['stage_s'][s]:.1f}" for s in STAGES), f"{r['estimated_iteration_s']:.1f}",
                  f"+{100 * (r['estimated_iteration_s'] / plan['estimated_iteration_s'] - 1):.0f}%")
                 for i, r in enumerate(plan["runners_up"])]
-        lines += _table(("#", "placement", "devices", "gen s", "prep s", "train s", "iteration s", "vs best"), rows)
-    lines += ["", f"searched {plan['placements_searched']} placements, {plan['candidates_evaluated']} allocations, "
-                  f"{plan['strategies_simulated']} model strategies in {plan['search_s']:.2f} s"]
+        total = "step s" if "async" in plan else "iteration s"
+        lines += _table(("#", "placement", "devices", "gen s", "prep s", "train s", total, "vs best"), rows)
+    splits = f" x {plan['async']['splits_searched']} rollout pool sizes" if "async" in plan else ""
+    lines += ["", f"searched {plan['placements_searched']} placements{splits}, {plan['candidates_evaluated']} "
+                  f"allocations, {plan['strategies_simulated']} model strategies in {plan['search_s']:.2f} s"]
     return "\n".join(lines)
+
+
+def _best_line(plan: dict) -> str:
+    stage = plan["stage_s"]
+    if "async" in plan:
+        a = plan["async"]
+        how = "max(generation {:.1f}, training {:.1f})" if a["overlap"] else "generation {:.1f} + training {:.1f}"
+        cost = how.format(a["generation_s"], a["training_s"]) + f" + weight sync {a['weight_sync_s']:.2f}"
+        per = "s per step, async"
+    else:
+        cost = " + ".join(f"{s} {stage[s]:.1f}" for s in STAGES)
+        per = "s per iteration"
+    return (f"best plan: {plan['name']} -- {plan['estimated_iteration_s']:.1f} {per} ({cost}), "
+            f"{plan['throughput_tokens_per_s']:,.0f} tokens/s, {plan['devices_used']} of {plan['devices_total']} devices")
+
+
+def _async_lines(a: dict) -> list[str]:
+    """The async step's parts and the comparison with the best synchronous plan."""
+    parts = (f"max({a['generation_s']:.1f}, {a['training_s']:.1f})" if a["overlap"]
+             else f"{a['generation_s']:.1f} + {a['training_s']:.1f} (max_staleness 0: generation waits for each update)")
+    lines = ["",
+             f"async: the rollout pool generates for {a['generation_s']:.1f} s on {a['rollout_devices']} device(s) "
+             f"while training takes {a['training_s']:.1f} s on {a['training_devices']}; step = {parts} + weight sync "
+             f"{a['weight_sync_s']:.2f} s ({_gb(a['weight_sync_gb'])} {a['weight_sync_link']}) = {a['step_s']:.1f} s"]
+    if a["sync_step_s"] is None:
+        lines.append("sync: no synchronous plan fits memory on these devices")
+    else:
+        lines.append(f"sync: the best synchronous plan, {a['sync_name']} on {a['sync_devices']} device(s), takes "
+                     f"{a['sync_step_s']:.1f} s per step; async speed-up {a['speedup']:.2f}x")
+    return lines
 
 
 def _table(header: tuple, rows: list[tuple]) -> list[str]:

@@ -31,6 +31,8 @@ class Setting:
     parallel: str = "3d"
     allow_offload: bool = False  # let trained models keep Adam states in CPU memory (ZeRO-Offload)
     train_layout: tuple[int, int] | None = None  # pin the trained models' (tp, pp), e.g. the paper's Fig. 14
+    # False in async mode's training pools: a rollout pool generates, so the actor there only trains.
+    actor_generates: bool = True
 
     @property
     def capacity(self) -> float:
@@ -91,8 +93,10 @@ def pareto(cands: list[Candidate]) -> list[Candidate]:
 
 def candidates(setting: Setting, role: str, n: int) -> list[Candidate]:
     """The Pareto front of `role`'s strategies on n devices that fit a device on their own."""
-    if role == "actor":
+    if role == "actor" and setting.actor_generates:
         found = _actor(setting, n)
+    elif role == "actor":
+        found = _trained(setting, role, n, with_values=False)
     elif role == "critic":
         found = _trained(setting, role, n, with_values=True)
     else:
@@ -161,7 +165,8 @@ def _frozen(setting: Setting, role: str, n: int) -> list[Candidate]:
     return found
 
 
-def _wave_counts(per_replica: int) -> list[int]:
+def wave_counts(per_replica: int) -> list[int]:
+    """Batches a generation engine may split its sequences into: 1, 2, 4, ... and one per sequence."""
     counts, w = [], 1
     while w < per_replica:
         counts.append(w)
@@ -186,7 +191,7 @@ def _actor(setting: Setting, n: int) -> list[Candidate]:
         per_replica = math.ceil(w.generated / replicas)
         gen_weights = memory.generation_weights(params, w.dtype_bytes, tp_g)
         gen_options = []
-        for waves in _wave_counts(per_replica):
+        for waves in wave_counts(per_replica):
             batch = math.ceil(per_replica / waves)
             kv = memory.kv_cache(shape, batch, w.seq_len, tp_g, w.dtype_bytes)
             seconds = latency.generation_time(shape, dev, sequences=w.generated, prompt_len=w.prompt_len,
