@@ -46,6 +46,8 @@ def map(  # noqa: A001 - the command is `hflow map`
     A dry run of the auto-mapper (HybridFlow, Algorithm 1): it tries every way to group the roles
     onto shared GPUs, every split of the GPUs and every parallel strategy, with analytic memory and
     time estimates. It prints the fastest plan and the runner-up placements; nothing runs on a GPU.
+    With trainer.mode async (in the recipe or --set trainer.mode=async) it also splits the GPUs
+    between a rollout pool and the training roles, a step costing max(generation, training) + weight sync.
     """
     try:
         loaded, path = load_recipe(recipe, set_ or ())

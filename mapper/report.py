@@ -57,6 +57,10 @@ def format_plan(plan: dict, source: str) -> str:
     lines.append("")
     for pool in plan["pools"]:
         mem = pool["memory_gb"]
+        if pool["roles"] == ["rollout"]:
+            lines.append(f"peak memory per device, {pool['name']}: {_gb(mem['generation'])} of weights and KV cache, "
+                         f"the whole step (of {mem['usable']:.1f} GB usable, {mem['capacity']:.1f} GB total)")
+            continue
         lines.append(f"peak memory per device, {pool['name']}: " + ", ".join(f"{s} {_gb(mem[s])}" for s in STAGES)
                      + f" (of {mem['usable']:.1f} GB usable, {mem['capacity']:.1f} GB total)")
     if "async" in plan:
@@ -82,13 +86,18 @@ def _best_line(plan: dict) -> str:
     if "async" in plan:
         a = plan["async"]
         how = "max(generation {:.1f}, training {:.1f})" if a["overlap"] else "generation {:.1f} + training {:.1f}"
-        cost = how.format(a["generation_s"], a["training_s"]) + f" + weight sync {a['weight_sync_s']:.2f}"
+        cost = how.format(a["generation_s"], a["training_s"]) + f" + weight sync {_short(a['weight_sync_s'])}"
         per = "s per step, async"
     else:
         cost = " + ".join(f"{s} {stage[s]:.1f}" for s in STAGES)
         per = "s per iteration"
     return (f"best plan: {plan['name']} -- {plan['estimated_iteration_s']:.1f} {per} ({cost}), "
             f"{plan['throughput_tokens_per_s']:,.0f} tokens/s, {plan['devices_used']} of {plan['devices_total']} devices")
+
+
+def _short(seconds: float) -> str:
+    """Weight syncs take milliseconds on NVLink: show them."""
+    return f"{seconds:.3f}" if seconds < 0.1 else f"{seconds:.2f}"
 
 
 def _async_lines(a: dict) -> list[str]:
@@ -98,7 +107,7 @@ def _async_lines(a: dict) -> list[str]:
     lines = ["",
              f"async: the rollout pool generates for {a['generation_s']:.1f} s on {a['rollout_devices']} device(s) "
              f"while training takes {a['training_s']:.1f} s on {a['training_devices']}; step = {parts} + weight sync "
-             f"{a['weight_sync_s']:.2f} s ({_gb(a['weight_sync_gb'])} {a['weight_sync_link']}) = {a['step_s']:.1f} s"]
+             f"{_short(a['weight_sync_s'])} s ({_gb(a['weight_sync_gb'])} {a['weight_sync_link']}) = {a['step_s']:.1f} s"]
     if a["sync_step_s"] is None:
         lines.append("sync: no synchronous plan fits memory on these devices")
     else:
