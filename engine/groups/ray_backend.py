@@ -5,7 +5,7 @@ worker hosting every role placed there), so colocated models never pay
 inter-process copies. torch.distributed spans the ranks of one pool (gloo on CPU,
 NCCL on GPU).
 
-Calls return futures (`Future`): per-rank Ray object refs that stay in the object
+Calls return futures (`ray_futures.Future`): per-rank Ray object refs that stay in the object
 store. Passed to another group with the same number of ranks, each rank receives its
 own piece straight from the store; the controller pulls data only when it reads a
 column (`future["scores"]`) or the whole value (`future.get()`). Groups on different
@@ -18,29 +18,13 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
 from hflow.engine.groups.dist import free_port
-from hflow.engine.groups.worker import ResourcePool, WorkerError, WorkerGroup
-from hflow.errors import UserError
-
-
-def _ray():
-    # Ray's C++ failure-signal handler (absl; in the driver, and in the workers of a Ray instance
-    # started from here, which inherit the variable) catches SIGTERM as well as crashes and
-    # prints a C stack dump on screen. Ray's switch for it is this variable, read when ray is
-    # first imported. Python's faulthandler, which Ray enables, still reports crashes, and a
-    # SIGTERM reaches Python's handler: the controller stops cleanly.
-    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    import ray
-
-    return ray
+from hflow.engine.groups.ray_futures import Future, Part, get_part, get_result, ray_module, union_all, unpack
+from hflow.engine.groups.worker import ResourcePool, WorkerGroup
 
 
 def _init_keeping_sigterm(ray, **kwargs) -> None:
@@ -53,27 +37,6 @@ def _init_keeping_sigterm(ray, **kwargs) -> None:
     finally:
         if callable(previous) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
-
-
-class _Parts:
-    """One rank's share of a future: object refs whose Batches are unioned on arrival."""
-
-    def __init__(self, refs: list):
-        self.refs = refs
-
-
-def _union_all(batches: list[Batch]) -> Batch:
-    out = batches[0]
-    for b in batches[1:]:
-        out = out | b
-    return out
-
-
-def _unpack(value: Any) -> Any:
-    if isinstance(value, _Parts):
-        ray = _ray()
-        return _union_all(ray.get(value.refs))
-    return value
 
 
 class FusedWorker:
@@ -91,8 +54,8 @@ class FusedWorker:
 
     def call(self, role: str, method: str, args: tuple, kwargs: dict, stage: str | None = None) -> Any:
         start = time.perf_counter()
-        args = tuple(_unpack(a) for a in args)
-        kwargs = {k: _unpack(v) for k, v in kwargs.items()}
+        args = tuple(unpack(a) for a in args)
+        kwargs = {k: unpack(v) for k, v in kwargs.items()}
         try:
             return getattr(self.roles[role], method)(*args, **kwargs)
         finally:
@@ -104,158 +67,20 @@ class FusedWorker:
         out, self.stage_seconds = self.stage_seconds, {}
         return out
 
+    def identity(self) -> dict:
+        """Where this process runs: its node's IP and its PID (plan.json records them)."""
+        return {"node": ray_module().util.get_node_ip_address(), "pid": os.getpid()}
+
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port, for the pool's torch.distributed rendezvous."""
-        return _ray().util.get_node_ip_address(), free_port()
+        return ray_module().util.get_node_ip_address(), free_port()
 
     def read(self, refs: list, keys: list[str]) -> Batch:
         """Columns of pieces this process produced (they are local to it)."""
-        return _union_all(_ray().get(refs)).select(*keys)
+        return union_all(ray_module().get(refs)).select(*keys)
 
     def set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
-
-
-@dataclass
-class Part:
-    """One piece of a rank's share: an object ref, who made it, and (for the controller's own
-    pieces) the value itself, so reading it back costs nothing."""
-
-    ref: Any
-    role: str
-    rank: int
-    handle: Any = None  # the fused worker that produced it; None for the controller's
-    local: Batch | None = None
-    call: str = ""  # the worker method that produces it, for the watchdog's line
-    timeout_s: float | None = None  # how long the controller waits for it (the watchdog)
-
-
-def _controller_parts(batch: Batch, world: int) -> list[Part]:
-    ray = _ray()
-    return [Part(ray.put(piece), "controller", r, local=piece) for r, piece in enumerate(batch.chunk(world))]
-
-
-class Future:
-    """The pending result of a group call: per-rank parts plus how to gather them."""
-
-    __hflow_future__ = True
-
-    def __init__(self, parts: list[list[Part]], collect):
-        self.parts = parts  # parts[rank] = the pieces whose union is that rank's share
-        self.collect = collect
-        self._columns: dict[str, Any] = {}
-        self._value = None
-
-    @property
-    def world_size(self) -> int:
-        return len(self.parts)
-
-    def rank_refs(self, rank: int) -> _Parts:
-        return _Parts([part.ref for part in self.parts[rank]])
-
-    def get(self) -> Any:
-        if self._value is None:
-            per_rank = [[p.local if p.local is not None else _get_part(p) for p in rank_parts]
-                        for rank_parts in self.parts]
-            if isinstance(per_rank[0][0], Batch):
-                self._value = Batch.concat(_union_all(p) for p in per_rank)
-            else:
-                self._value = self.collect([p[0] for p in per_rank])
-        return self._value
-
-    def select(self, *keys: str) -> Batch:
-        """These columns as a Batch. Each worker that produced a piece reads its columns where
-        the piece lives, so the rest of the batch never travels to the controller."""
-        if self._value is not None:
-            return self._value.select(*keys)
-        missing = [k for k in keys if k not in self._columns]
-        if missing:
-            per_rank = []
-            for rank_parts in self.parts:
-                pieces = [p.local.select(*missing) for p in rank_parts if p.local is not None]
-                by_handle: dict[int, list[Part]] = {}
-                for p in rank_parts:
-                    if p.local is None:
-                        by_handle.setdefault(id(p.handle), []).append(p)
-                reads = [(group, group[0].handle.read.remote([p.ref for p in group], missing))
-                         for group in by_handle.values()]
-                pieces += [_read(group, ref) for group, ref in reads]
-                per_rank.append(_union_all(pieces))
-            fetched = Batch.concat(per_rank)
-            for key in fetched.keys():
-                self._columns[key] = fetched[key]
-        found = {k: self._columns[k] for k in keys if k in self._columns}
-        return Batch({k: v for k, v in found.items() if isinstance(v, torch.Tensor)},
-                     {k: v for k, v in found.items() if not isinstance(v, torch.Tensor)})
-
-    def __getitem__(self, key: str) -> Any:
-        view = self.select(key)
-        if key not in view:
-            raise KeyError(f"no field {key!r} in the batch")
-        return view[key]
-
-    def __contains__(self, key: str) -> bool:
-        try:
-            self[key]
-        except KeyError:
-            return False
-        return True
-
-    def __len__(self) -> int:
-        return len(self[col.RESPONSE_MASK]) if self._value is None else len(self._value)
-
-    def __or__(self, other: "Future | Batch") -> "Future":
-        if isinstance(other, Batch):
-            extra = [[part] for part in _controller_parts(other, self.world_size)]
-        elif other.world_size == self.world_size:
-            extra = other.parts
-        else:
-            return _as_future(self.get() | other.get(), 1)
-        return Future([mine + theirs for mine, theirs in zip(self.parts, extra)], self.collect)
-
-    def __ror__(self, other: Batch) -> "Future":
-        mine = _controller_parts(other, self.world_size)
-        return Future([[part] + rest for part, rest in zip(mine, self.parts)], self.collect)
-
-
-def _read(group: list[Part], ref) -> Batch:
-    first = group[0]
-    try:
-        return _get(ref, first.role, first.rank, f"{first.call} (reading its result)", first.timeout_s)
-    except WorkerError:
-        for part in group:  # name the piece that failed, not the first of the group
-            _get_part(part)
-        raise
-
-
-def _get_part(part: Part):
-    return _get(part.ref, part.role, part.rank, part.call, part.timeout_s)
-
-
-def _as_future(batch: Batch, world: int) -> Future:
-    return Future([[part] for part in _controller_parts(batch, world)], Dispatch.DP_COMPUTE.collect)
-
-
-def _get(ref, role: str, rank: int, call: str = "", timeout_s: float | None = None):
-    """The value of one worker call. A worker that raised, died, or (the watchdog) gave no answer
-    within `timeout_s` becomes a WorkerError naming its role, rank and call."""
-    ray = _ray()
-    died = "its process died (killed, crashed or out of memory)"
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        raise WorkerError(role, rank, f"no answer to {call or 'a call'} within {timeout_s:g} s "
-                          "(trainer.worker_timeout_s): the process is stalled or the call hangs") from None
-    except ray.exceptions.RayTaskError as err:
-        cause = err.cause if getattr(err, "cause", None) is not None else err
-        if isinstance(cause, ray.exceptions.RayActorError):
-            raise WorkerError(role, rank, died) from None
-        if isinstance(cause, UserError):  # the user's mistake, found in a worker: the same line as on local
-            raise UserError(str(cause)) from None
-        first_line = (str(cause).strip().splitlines() or [""])[0]
-        raise WorkerError(role, rank, f"{type(cause).__name__}: {first_line}") from None
-    except ray.exceptions.RayActorError:
-        raise WorkerError(role, rank, died) from None
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -274,6 +99,8 @@ class RayWorkerGroup(WorkerGroup):
             if isinstance(value, Future):
                 if direct and value.world_size == world:
                     return [value.rank_refs(r) for r in range(world)]
+                if not direct and value.world_size == 1:  # one value for every rank, from the store
+                    return [value.rank_refs(0)] * world
                 value = value.get()
             return None if isinstance(value, Batch) or not direct else [value] * world
 
@@ -299,15 +126,18 @@ class RayWorkerGroup(WorkerGroup):
         if protocol is Dispatch.DP_COMPUTE:
             self.cluster.in_flight.extend(parts)
             return Future([[part] for part in parts], protocol.collect)
+        if protocol is Dispatch.RANK_ZERO_FUTURE:
+            self.cluster.in_flight.extend(parts)
+            return Future([[parts[0]]], protocol.collect)
         # Control calls (initialise, save) complete before the controller goes on.
-        return protocol.collect([_get_part(part) for part in parts])
+        return protocol.collect([get_part(part) for part in parts])
 
 
 class RayCluster:
     """Ray for one run: connects (or starts a local instance), places pools, spawns workers."""
 
     def __init__(self, address: str | None, num_cpus: int | None = None, worker_timeout_s: float | None = None):
-        ray = _ray()
+        ray = ray_module()
         self.started = False
         self.worker_timeout_s = worker_timeout_s  # the watchdog: longest wait for one worker call
         if not ray.is_initialized():
@@ -320,12 +150,13 @@ class RayCluster:
                 self.started = True
         self.placement_groups = []
         self.handles: list = []
+        self.processes: dict[str, list[dict]] = {}  # pool -> each rank's {node, pid}
         self.in_flight: list[Part] = []
         self.stage: str | None = None  # the controller's current stage, tagged onto each call
 
     def spawn_pool(self, pool: ResourcePool, use_gpu: bool) -> list:
         """One fused worker per device of `pool`, pinned to a placement-group bundle each."""
-        ray = _ray()
+        ray = ray_module()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -346,6 +177,7 @@ class RayCluster:
                 ray.get(handle.set_env.remote(env))
             handles.append(handle)
         self.handles.extend(handles)
+        self.processes[pool.name] = ray.get([h.identity.remote() for h in handles], timeout=120)
         return handles
 
     def add_role(self, handles: list, role: str, worker_cls: type, pool: ResourcePool, *args,
@@ -353,14 +185,14 @@ class RayCluster:
         refs = [h.add_role.remote(role, worker_cls, "cuda" if "cuda" in pool.devices[r] else "cpu", args, kwargs)
                 for r, h in enumerate(handles)]
         for rank, ref in enumerate(refs):
-            _get(ref, role, rank, "init (building the worker)", self.worker_timeout_s)
+            get_result(ref, role, rank, "init (building the worker)", self.worker_timeout_s)
         return RayWorkerGroup(role, pool, worker_cls, handles, self)
 
     def stage_seconds(self) -> dict[str, float]:
         """Per stage, the longest time any worker process spent in it since the last call."""
         merged: dict[str, float] = {}
         refs = [h.pop_stage_seconds.remote() for h in self.handles]
-        for seconds in (_get(ref, "worker process", i, "pop_stage_seconds", self.worker_timeout_s)
+        for seconds in (get_result(ref, "worker process", i, "pop_stage_seconds", self.worker_timeout_s)
                         for i, ref in enumerate(refs)):
             for stage, value in seconds.items():
                 merged[stage] = max(merged.get(stage, 0.0), value)
@@ -370,11 +202,11 @@ class RayCluster:
         """Wait for every call in flight; a worker's failure surfaces here as a WorkerError."""
         in_flight, self.in_flight = self.in_flight, []
         for part in in_flight:
-            _get_part(part)
+            get_part(part)
 
     def shutdown(self) -> None:
         """Stop this run's workers and free their slots; stop Ray too if this run started it."""
-        ray = _ray()
+        ray = ray_module()
         if not ray.is_initialized():
             return
         from ray.util.placement_group import remove_placement_group

@@ -1,0 +1,204 @@
+"""Results of the `ray` backend's worker calls, left in Ray's object store until read.
+
+A call returns a `Future`: per rank, the object refs of the pieces whose union is that rank's
+share (`Part`). Passed to another group's call, each of its ranks fetches its own piece from
+the store; the controller pulls data only when it reads a column (`future["scores"]`, read
+where the piece lives) or the whole value (`future.get()`). A worker that raised, died or gave
+no answer within the watchdog's time becomes a `WorkerError` naming its role, rank and call.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hflow.engine import columns as col
+from hflow.engine.groups.batch import Batch
+from hflow.engine.groups.dispatch import Dispatch
+from hflow.engine.groups.worker import WorkerError
+from hflow.errors import UserError
+
+
+def ray_module():
+    # Ray's C++ failure-signal handler (absl; in the driver, and in the workers of a Ray instance
+    # started from here, which inherit the variable) catches SIGTERM as well as crashes and
+    # prints a C stack dump on screen. Ray's switch for it is this variable, read when ray is
+    # first imported. Python's faulthandler, which Ray enables, still reports crashes, and a
+    # SIGTERM reaches Python's handler: the controller stops cleanly.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    import ray
+
+    return ray
+
+
+class RefParts:
+    """One rank's share of a future: object refs whose Batches are unioned on arrival."""
+
+    def __init__(self, refs: list):
+        self.refs = refs
+
+
+def union_all(batches: list[Batch]) -> Batch:
+    out = batches[0]
+    for b in batches[1:]:
+        out = out | b
+    return out
+
+
+def unpack(value: Any) -> Any:
+    if isinstance(value, RefParts):
+        ray = ray_module()
+        return union_all(ray.get(value.refs))
+    return value
+
+
+@dataclass
+class Part:
+    """One piece of a rank's share: an object ref, who made it, and (for the controller's own
+    pieces) the value itself, so reading it back costs nothing."""
+
+    ref: Any
+    role: str
+    rank: int
+    handle: Any = None  # the fused worker that produced it; None for the controller's
+    local: Batch | None = None
+    call: str = ""  # the worker method that produces it, for the watchdog's line
+    timeout_s: float | None = None  # how long the controller waits for it (the watchdog)
+
+
+def _controller_parts(batch: Batch, world: int) -> list[Part]:
+    ray = ray_module()
+    return [Part(ray.put(piece), "controller", r, local=piece) for r, piece in enumerate(batch.chunk(world))]
+
+
+class Future:
+    """The pending result of a group call: per-rank parts plus how to gather them."""
+
+    __hflow_future__ = True
+
+    def __init__(self, parts: list[list[Part]], collect):
+        self.parts = parts  # parts[rank] = the pieces whose union is that rank's share
+        self.collect = collect
+        self._columns: dict[str, Any] = {}
+        self._value = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.parts)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether every piece is computed, waiting at most `timeout_s` (nothing is fetched; a
+        failed piece counts as computed, and raises when read)."""
+        refs = [part.ref for rank_parts in self.parts for part in rank_parts if part.local is None]
+        ready, _ = ray_module().wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=False)
+        return len(ready) == len(refs)
+
+    def rank_refs(self, rank: int) -> RefParts:
+        return RefParts([part.ref for part in self.parts[rank]])
+
+    def get(self) -> Any:
+        if self._value is None:
+            per_rank = [[p.local if p.local is not None else get_part(p) for p in rank_parts]
+                        for rank_parts in self.parts]
+            if isinstance(per_rank[0][0], Batch):
+                self._value = Batch.concat(union_all(p) for p in per_rank)
+            else:
+                self._value = self.collect([p[0] for p in per_rank])
+        return self._value
+
+    def select(self, *keys: str) -> Batch:
+        """These columns as a Batch. Each worker that produced a piece reads its columns where
+        the piece lives, so the rest of the batch never travels to the controller."""
+        if self._value is not None:
+            return self._value.select(*keys)
+        missing = [k for k in keys if k not in self._columns]
+        if missing:
+            per_rank = []
+            for rank_parts in self.parts:
+                pieces = [p.local.select(*missing) for p in rank_parts if p.local is not None]
+                by_handle: dict[int, list[Part]] = {}
+                for p in rank_parts:
+                    if p.local is None:
+                        by_handle.setdefault(id(p.handle), []).append(p)
+                reads = [(group, group[0].handle.read.remote([p.ref for p in group], missing))
+                         for group in by_handle.values()]
+                pieces += [_read(group, ref) for group, ref in reads]
+                per_rank.append(union_all(pieces))
+            fetched = Batch.concat(per_rank)
+            for key in fetched.keys():
+                self._columns[key] = fetched[key]
+        found = {k: self._columns[k] for k in keys if k in self._columns}
+        return Batch({k: v for k, v in found.items() if isinstance(v, torch.Tensor)},
+                     {k: v for k, v in found.items() if not isinstance(v, torch.Tensor)})
+
+    def __getitem__(self, key: str) -> Any:
+        view = self.select(key)
+        if key not in view:
+            raise KeyError(f"no field {key!r} in the batch")
+        return view[key]
+
+    def __contains__(self, key: str) -> bool:
+        try:
+            self[key]
+        except KeyError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self[col.RESPONSE_MASK]) if self._value is None else len(self._value)
+
+    def __or__(self, other: "Future | Batch") -> "Future":
+        if isinstance(other, Batch):
+            extra = [[part] for part in _controller_parts(other, self.world_size)]
+        elif other.world_size == self.world_size:
+            extra = other.parts
+        else:
+            return _as_future(self.get() | other.get(), 1)
+        return Future([mine + theirs for mine, theirs in zip(self.parts, extra)], self.collect)
+
+    def __ror__(self, other: Batch) -> "Future":
+        mine = _controller_parts(other, self.world_size)
+        return Future([[part] + rest for part, rest in zip(mine, self.parts)], self.collect)
+
+
+def _read(group: list[Part], ref) -> Batch:
+    first = group[0]
+    try:
+        return get_result(ref, first.role, first.rank, f"{first.call} (reading its result)", first.timeout_s)
+    except WorkerError:
+        for part in group:  # name the piece that failed, not the first of the group
+            get_part(part)
+        raise
+
+
+def get_part(part: Part):
+    return get_result(part.ref, part.role, part.rank, part.call, part.timeout_s)
+
+
+def _as_future(batch: Batch, world: int) -> Future:
+    return Future([[part] for part in _controller_parts(batch, world)], Dispatch.DP_COMPUTE.collect)
+
+
+def get_result(ref, role: str, rank: int, call: str = "", timeout_s: float | None = None):
+    """The value of one worker call. A worker that raised, died, or (the watchdog) gave no answer
+    within `timeout_s` becomes a WorkerError naming its role, rank and call."""
+    ray = ray_module()
+    died = "its process died (killed, crashed or out of memory)"
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise WorkerError(role, rank, f"no answer to {call or 'a call'} within {timeout_s:g} s "
+                          "(trainer.worker_timeout_s): the process is stalled or the call hangs") from None
+    except ray.exceptions.RayTaskError as err:
+        cause = err.cause if getattr(err, "cause", None) is not None else err
+        if isinstance(cause, ray.exceptions.RayActorError):
+            raise WorkerError(role, rank, died) from None
+        if isinstance(cause, UserError):  # the user's mistake, found in a worker: the same line as on local
+            raise UserError(str(cause)) from None
+        first_line = (str(cause).strip().splitlines() or [""])[0]
+        raise WorkerError(role, rank, f"{type(cause).__name__}: {first_line}") from None
+    except ray.exceptions.RayActorError:
+        raise WorkerError(role, rank, died) from None
