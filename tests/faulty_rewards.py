@@ -7,6 +7,7 @@ an in-process test resets it.
 
 import os
 import signal
+import time
 
 from hflow.trainer.data.rewards import synthetic
 
@@ -43,3 +44,9 @@ def returns_none(prompts, responses, **columns):
 def constant(prompts, responses, **columns):
     """The same score for every response: every group's rewards are equal (DAPO drops them all)."""
     return [1.0] * len(responses)
+
+
+def slow(prompts, responses, **columns):
+    """`synthetic`, a third of a second late: a run slow enough for a test to act between its steps."""
+    time.sleep(0.3)
+    return synthetic(prompts, responses, **columns)

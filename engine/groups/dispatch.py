@@ -84,6 +84,10 @@ class Dispatch:
     ONE_TO_ALL = Protocol("one_to_all", _one_to_all, lambda results: results)
     RANK_ZERO = Protocol("rank_zero", _one_to_all, lambda results: results[0])
     DP_COMPUTE = Protocol("dp_compute", _split_batches, _concat)
+    # RANK_ZERO's value, but on the ray backend it stays in the object store (a future of rank 0's
+    # result, the other ranks' checked for errors): handed to another group's ONE_TO_ALL call, each
+    # of that group's ranks fetches it from the store, and the controller never holds it.
+    RANK_ZERO_FUTURE = Protocol("rank_zero_future", _one_to_all, lambda results: results[0])
 
 
 def add_protocol(name: str, split, collect) -> Protocol:

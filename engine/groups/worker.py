@@ -104,3 +104,9 @@ def resolve(value: Any) -> Any:
     """A worker group's result as a plain value (futures of the ray backend are waited for)."""
     get = getattr(value, "get", None)
     return get() if callable(get) and hasattr(value, "__hflow_future__") else value
+
+
+def computed(value: Any, timeout_s: float) -> bool:
+    """Whether a worker group's result is ready: a future of the ray backend once every piece is
+    computed (waiting at most `timeout_s`, fetching nothing); a local value always."""
+    return value.wait(timeout_s) if hasattr(value, "__hflow_future__") else True

@@ -152,6 +152,12 @@ def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = Fals
     return model
 
 
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """The tokens that end a response: the model's generation config's, else the tokenizer's."""
+    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    return eos if isinstance(eos, list) else [eos]
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -1,5 +1,8 @@
 """The generator copy of asynchronous rollout (`trainer.mode: async`): a second, frozen copy of
-the policy that generates the next steps' rollouts while the training module trains.
+the policy that generates the next steps' rollouts while the training module trains: in the
+actor's process (the local backend), or on a pool of its own as the `rollout` role's worker
+(`workers/rollout.py`, the ray backend), which receives the weights bucket by bucket through
+Ray's object store (`load_bucket`).
 
 The hybrid engine (`hybrid.py`) generates on the training module itself, so rollout and update
 take turns. Running ahead of training needs weights that stay put during an update: this copy
@@ -21,16 +24,17 @@ import threading
 
 import torch
 
-from hflow.engine.models.loading import load_causal_lm
+from hflow.engine.models.loading import eos_token_ids, load_causal_lm
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
 from hflow.engine.rollout.weight_sync import SyncStats, weight_buckets
 
 
 class GeneratorCopy:
     def __init__(self, path: str, trust_remote_code: bool, device: torch.device, dtype: torch.dtype,
-                 eos: list[int], pad_token_id: int, batch_size: int, bucket_bytes: int):
+                 tokenizer, batch_size: int, bucket_bytes: int):
         with torch.random.fork_rng(devices=[]):  # loading initialises weights: keep the run's RNG stream
             model = load_causal_lm(path, torch.float32, trust_remote_code)
+        eos, pad_token_id = eos_token_ids(model, tokenizer), tokenizer.pad_token_id
         model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.model = model
         self.dtype = dtype
@@ -48,12 +52,27 @@ class GeneratorCopy:
     def refresh(self, train_module: torch.nn.Module, version: int, zero3: bool = False) -> SyncStats:
         """Copy the training weights in (waiting for a generation in progress); now at `version`."""
         stats = SyncStats()
-        with self.lock, torch.no_grad():
+        with self.lock:
             for bucket in weight_buckets(train_module, self.bucket_bytes, self.dtype, zero3, stats):
-                for name, tensor in bucket:
-                    self.params[name].copy_(tensor)
+                self._copy(bucket)
             self.version = version
         return stats
+
+    def load_bucket(self, bucket: list[tuple[str, torch.Tensor]], version: int | None) -> None:
+        """One bucket of `weight_buckets` received from elsewhere (the actor on another pool); with
+        `version`, the last one: the copy now holds that policy version."""
+        with self.lock:
+            self._copy(bucket)
+            if version is not None:
+                self.version = version
+
+    @torch.no_grad()
+    def _copy(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in bucket:
+            if name not in self.params:
+                raise RuntimeError(f"the generator copy has no parameter {name!r}: the weights sent are "
+                                   "not of this model")
+            self.params[name].copy_(tensor)
 
     def cancel(self) -> None:
         """End the generation in progress, and any later one, at its next token (from any thread)."""

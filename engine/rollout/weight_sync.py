@@ -75,6 +75,13 @@ def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
+def bucket_count(module: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype) -> int:
+    """How many buckets `weight_buckets` yields for `module` (nothing is gathered or cast)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return len(plan_buckets([full_numel(sources[0]) * itemsize for _, sources, _ in merged_weights(module)],
+                            bucket_bytes))
+
+
 def weight_buckets(module: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype, zero3: bool = False,
                    stats: SyncStats | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Every parameter of `module`, one bucket at a time (see the module docstring); `stats` is
@@ -97,6 +104,28 @@ def weight_buckets(module: torch.nn.Module, bucket_bytes: int, dtype: torch.dtyp
         stats.bytes += size
         stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
         stats.seconds = time.perf_counter() - start
+
+
+@dataclass
+class PackedBucket:
+    """A bucket for another process (the rollout role's workers, through Ray's object store): one
+    flat host tensor and each tensor's name and shape. Pickling the tensors themselves would copy
+    each one's whole storage, and a training parameter can be a view into a flat buffer of many
+    (ZeRO's): measured, 1-2 s instead of milliseconds for a 14 MB model."""
+
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+    flat: torch.Tensor
+
+    @classmethod
+    def pack(cls, bucket: list[tuple[str, torch.Tensor]]) -> "PackedBucket":
+        flat = torch.cat([tensor.detach().reshape(-1) for _, tensor in bucket]).cpu() if bucket else torch.empty(0)
+        return cls([name for name, _ in bucket], [tuple(t.shape) for _, t in bucket], flat)
+
+    def unpack(self) -> list[tuple[str, torch.Tensor]]:
+        sizes = [int(torch.Size(shape).numel()) for shape in self.shapes]
+        return [(name, piece.view(shape))
+                for name, shape, piece in zip(self.names, self.shapes, self.flat.split(sizes))]
 
 
 def _gathered(params: list[torch.nn.Parameter], zero3: bool):

@@ -24,15 +24,17 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group, peak_memory_bytes
 from hflow.engine.groups.worker import Worker
-from hflow.engine.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
+from hflow.engine.models.loading import eos_token_ids, load_causal_lm, load_tokenizer, resolve_dtype
 from hflow.engine.models.lora import adapters_off, apply_lora, is_lora, merged_state, save_merged
 from hflow.engine.rollout.environment import EpisodeLimits, load_env_class
 from hflow.engine.rollout.episodes import EpisodeRunner
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
 from hflow.engine.rollout.generator_copy import GeneratorCopy
 from hflow.engine.rollout.hybrid import PhaseSwitch
+from hflow.engine.rollout.rollout_batch import rollout_batch, sampling_for
 from hflow.engine.rollout.vllm_engine import VLLMGenerator
-from hflow.engine.seeding import seed_update, stream_seed
+from hflow.engine.rollout.weight_sync import PackedBucket, bucket_count, weight_buckets
+from hflow.engine.seeding import seed_update
 from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
 from hflow.engine.training.losses import (
     aggregate,
@@ -43,7 +45,7 @@ from hflow.engine.training.losses import (
     ppo_policy_loss,
     sequence_behaviour_weights,
 )
-from hflow.engine.training.packing import global_token_count, micro_batches, pad_rollout
+from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.workers.config import ActorSpec
 from hflow.errors import UserError
@@ -67,9 +69,9 @@ class ActorWorker(Worker):
         dtype = resolve_dtype(m.dtype, self.device)
         model = load_causal_lm(m.path, torch.float32, m.trust_remote_code)
         self.tokenizer = tokenizer = load_tokenizer(m.path, m.trust_remote_code)
-        eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos]
+        eos = eos_token_ids(model, tokenizer)
         model = self._with_adapters(model, checkpoint)
+        self.generation_dtype = dtype
         rollout_engine = None
         if s.rollout.engine == "vllm":
             # Before DeepSpeed allocates anything: on a GPU vLLM sizes its KV cache from the free
@@ -99,10 +101,6 @@ class ActorWorker(Worker):
             self.train_engine.module, eos, tokenizer.pad_token_id, s.rollout.batch_size,
             sync_done=self._sync_done(),
         )
-        if s.generator_copy:
-            self.generator_copy = GeneratorCopy(m.path, m.trust_remote_code, self.device, dtype, eos,
-                                                tokenizer.pad_token_id, s.rollout.batch_size,
-                                                s.rollout.weight_bucket_mb << 20)
         self.episodes = self._episode_runner()
 
     def _episode_runner(self) -> EpisodeRunner | None:
@@ -189,10 +187,36 @@ class ActorWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def refresh_generator(self, version: int) -> dict[str, float]:
-        """The training weights into the generator copy, which now holds policy `version`."""
+        """The training weights into the generator copy (built at the first call), which now holds
+        policy `version`."""
+        if self.generator_copy is None:
+            m, r = self.spec.model, self.spec.rollout
+            self.generator_copy = GeneratorCopy(m.path, m.trust_remote_code, self.device, self.generation_dtype,
+                                                self.tokenizer, r.batch_size, r.weight_bucket_mb << 20)
         stats = self.generator_copy.refresh(self.train_engine.module, version,
                                             zero3=self.spec.optim.zero_stage == 3)
         return {"seconds": stats.seconds, "bytes": float(stats.bytes)}
+
+    @register(Dispatch.RANK_ZERO)
+    def open_weight_stream(self) -> int:
+        """Start handing the training weights out bucket by bucket (`weight_sync.weight_buckets`),
+        to the rollout group of asynchronous mode on its own pool; the number of buckets. Every
+        rank takes part (ZeRO-3 gathers each bucket over the group); rank 0's buckets are sent."""
+        r, module = self.spec.rollout, self.train_engine.module
+        self._outgoing = weight_buckets(module, r.weight_bucket_mb << 20, self.generation_dtype,
+                                        zero3=self.spec.optim.zero_stage == 3)
+        self._outgoing_left = bucket_count(module, r.weight_bucket_mb << 20, self.generation_dtype)
+        return self._outgoing_left
+
+    @register(Dispatch.RANK_ZERO_FUTURE)
+    def next_weight_bucket(self) -> PackedBucket | None:
+        """The next bucket of `open_weight_stream`, packed into one host tensor (rank 0's)."""
+        bucket = next(self._outgoing)
+        sent = PackedBucket.pack(bucket) if self.rank == 0 else None
+        self._outgoing_left -= 1
+        if not self._outgoing_left:
+            self._outgoing.close()  # the last bucket: under ZeRO-3 it is partitioned again now
+        return sent
 
     @register(Dispatch.ONE_TO_ALL)
     def cancel_generation(self) -> None:
@@ -201,31 +225,11 @@ class ActorWorker(Worker):
             self.generator_copy.cancel()
 
     def _sampling(self, prompts: Batch) -> tuple[SamplingParams, int, torch.Generator]:
-        """How to sample `prompts`: the parameters, responses per prompt and the seeded generator."""
-        r = self.spec.rollout
-        evaluation = prompts.meta.get("eval")  # {n, temperature, max_response_length}: `trainer/control/evaluate.py`
-        stream = "eval" if evaluation else "rollout"  # evaluation never draws from the rollout's stream
-        # DAPO's extra sampling rounds of a step (`round` >= 1) each draw from their own stream.
-        rounds = [prompts.meta["round"]] if prompts.meta.get("round") else []
-        seed = stream_seed(self.spec.seed, stream, prompts.meta["step"], self.rank, *rounds)
-        rng = torch.Generator(device=self.device).manual_seed(seed)
-        greedy = bool(prompts.meta.get("greedy", False))
-        params = SamplingParams(r.max_response_length, r.temperature, r.top_p, r.top_k, greedy=greedy)
-        n = 1 if greedy else r.n  # greedy decoding gives one response per prompt (ReMax's baseline)
-        if evaluation:
-            t = evaluation["temperature"]
-            params = SamplingParams(evaluation["max_response_length"], t or 1.0, r.top_p, r.top_k, greedy=t == 0)
-            n = evaluation["n"]
-        return params, n, rng
+        return sampling_for(prompts, self.spec.rollout, self.spec.seed, self.rank, self.device)
 
     def _rollout_batch(self, prompts: Batch, out: dict, n: int) -> Batch:
-        episode = {col.EPISODE: out.pop(col.EPISODE)} if col.EPISODE in out else {}
-        if self.world_size > 1:
-            out = self._agree_on_widths(out)
-        if not self.spec.recompute_old_log_probs:
-            # Exactly on-policy: the sampler's log-probs are the old policy's.
-            out[col.OLD_LOG_PROBS], out[col.ENTROPY] = out[col.ROLLOUT_LOG_PROBS], out[col.ROLLOUT_ENTROPY]
-        return prompts.repeat(n) | Batch(out, episode)
+        return rollout_batch(prompts, out, n, self.spec.recompute_old_log_probs, self.world_size,
+                             self.generator.pad, self.device)
 
     def _rollout(self, prompts: Batch, n: int, params: SamplingParams, rng) -> dict:
         if self.episodes is None:
@@ -233,14 +237,6 @@ class ActorWorker(Worker):
         data = [k for k in prompts.columns if k not in (col.PROMPT_IDS, col.UID)]
         rows = [{k: prompts[k][i] for k in data} for i in range(len(prompts))]
         return self.episodes.run(rows, prompts[col.PROMPT_IDS], n, params, rng)
-
-    def _agree_on_widths(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Every rank pads its rollout to the group's widest prompt and response, so the ranks'
-        pieces concatenate into one batch (padding is cut again before any compute)."""
-        width_r = out[col.RESPONSE_MASK].shape[1]
-        widths = torch.tensor([out[col.ATTENTION_MASK].shape[1] - width_r, width_r], device=self.device)
-        torch.distributed.all_reduce(widths, op=torch.distributed.ReduceOp.MAX)
-        return pad_rollout(out, int(widths[0]), int(widths[1]), self.generator.pad)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:

@@ -107,7 +107,6 @@ class ActorSpec:
     lora: Optional[LoraSpec] = None  # None: the whole model trains
     off_policy_correction: str = "none"  # losses.behaviour_weights' mode: none, tis, decoupled
     off_policy_cap: float = 2.0
-    generator_copy: bool = False  # trainer.mode async: a second copy generates (`rollout/generator_copy.py`)
 
 
 @dataclass(frozen=True)

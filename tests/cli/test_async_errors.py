@@ -1,9 +1,11 @@
 """What `trainer.mode: async` does not run: one line naming the keys, exit 2."""
 
 import pytest
-
+import torch
 from helpers import assert_one_line_error, assert_recipe_error, run_hflow
-from hflow.trainer.config.load import load_recipe
+
+from hflow.errors import UserError
+from hflow.trainer.config.load import build_recipe, load_recipe
 
 
 def test_async_with_ppo_is_a_one_line_error_through_the_cli(tmp_path):
@@ -17,8 +19,6 @@ def test_async_with_ppo_is_a_one_line_error_through_the_cli(tmp_path):
     ("safe_rlhf/tiny", ["trainer.mode=async"], ["algorithm safe_rlhf", "Lagrange"]),
     ("dapo/tiny", ["trainer.mode=async"], ["algorithm dapo", "dynamic sampling"]),
     ("grpo/quickstart", ["trainer.mode=async", "rollout.engine=vllm"], ["trainer.mode async", "rollout.engine: hf"]),
-    ("grpo/quickstart", ["trainer.mode=async", "placement.backend=ray"],
-     ["trainer.mode async", "placement.backend local", "ray"]),
     ("grpo/quickstart", ["actor.off_policy_correction=tis", "actor.recompute_old_log_probs=false"],
      ["actor.off_policy_correction=tis", "actor.recompute_old_log_probs: true"]),
     ("grpo/quickstart", ["trainer.max_staleness=-1"], ["trainer.max_staleness"]),
@@ -26,6 +26,27 @@ def test_async_with_ppo_is_a_one_line_error_through_the_cli(tmp_path):
 ])
 def test_what_async_mode_does_not_run_is_a_user_error(recipe, overrides, needles):
     assert_recipe_error(recipe, overrides, needles)
+
+
+def test_async_on_ray_with_the_rollout_role_sharing_a_pool_is_one_line_before_ray_starts(tmp_path):
+    result = run_hflow("train", "grpo/tiny_async", "--output-dir", str(tmp_path / "runs"),
+                       "--set", "placement.backend=ray", "--set", "placement.mode=colocate",
+                       "--set", "cluster.cpu_slots=2", cwd=tmp_path)
+    assert_one_line_error(result, "tiny_async.yaml", "trainer.mode async on the ray backend generates on a pool of "
+                          "its own", "placement.mode colocate", "placement.mode split or standalone")
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was made
+
+
+def test_async_on_ray_with_the_rollout_role_mapped_onto_a_training_pool_is_one_line(tiny_model):
+    from hflow.trainer.control.placement import build_worker_groups
+
+    recipe = build_recipe({
+        "name": "t", "algorithm": "grpo", "model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits"},
+        "trainer": {"mode": "async"}, "cluster": {"cpu_slots": 2},
+        "placement": {"backend": "ray", "mode": "explicit", "pools": {"a": 1, "b": 1},
+                      "roles": {"actor": "a", "reward": "b", "reference": "b", "rollout": "b"}}}, {}, "t.yaml")
+    with pytest.raises(UserError, match="puts the rollout role on pool 'b' with reward, reference; use placement"):
+        build_worker_groups(recipe, ["actor", "reward", "reference"], torch.device("cpu"))
 
 
 @pytest.mark.parametrize("recipe", ["grpo/quickstart", "gspo/tiny", "rloo/tiny", "reinforce_pp/tiny",

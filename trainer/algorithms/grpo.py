@@ -13,6 +13,7 @@ from typing import Callable
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
+from hflow.engine.groups.worker import resolve
 from hflow.trainer import advantages
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.async_rollout import rollouts
@@ -48,7 +49,9 @@ def run_outcome_loop(recipe: Recipe, run: RunDir, compute: Callable[[Batch, Reci
                 with session.stage("advantage"):
                     batch |= compute(batch, recipe)
                 with session.stage("update_actor"):
-                    metrics = actor.update_actor(batch)
+                    # Waited for here (on ray it is a future): async mode's refresh, next, would
+                    # otherwise wait for it and count the update as the trainer's idle time.
+                    metrics = resolve(actor.update_actor(batch))
                 rollout.trained(step)  # async: the generator copy gets the new weights
                 session.end_step(step, batch, metrics, rollout.metrics())
         session.finish()

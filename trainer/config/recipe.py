@@ -201,9 +201,10 @@ class Recipe(BaseSettings):
         if self.rollout.env:
             raise ValueError(f"trainer.mode async runs single-turn rollouts only (its generator copy has no episode "
                              f"loop); drop rollout.env {self.rollout.env!r} or set trainer.mode: sync")
-        if self.placement.backend == "ray":
-            raise ValueError("trainer.mode async runs on placement.backend local only (the ray backend's "
-                             "rollout group is not built yet); set placement.backend: local or trainer.mode: sync")
+        if self.placement.backend == "ray" and self.placement.mode == "colocate":
+            raise ValueError("trainer.mode async on the ray backend generates on a pool of its own, but "
+                             "placement.mode colocate puts every role on one pool; use placement.mode split or "
+                             "standalone, or explicit with rollout on a pool of its own (or placement.backend: local)")
         return self
 
     def role_models(self) -> dict[str, str]:

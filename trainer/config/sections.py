@@ -309,10 +309,10 @@ class TrainerConfig(Section):
     mode: Literal["sync", "async"] = Field(
         "sync",
         description="`sync`: each step generates, scores and then updates (barriers between them). `async`: "
-        "a generator thread with its own copy of the policy produces the next steps' rollouts while the "
-        "current step trains, within `max_staleness` (README, \"Asynchronous mode\"); local backend, hf "
-        "engine and the critic-free outcome algorithms (grpo, gspo, rloo, reinforce_pp, "
-        "reinforce_pp_baseline) only.",
+        "a second copy of the policy produces the next steps' rollouts while the current step trains, within "
+        "`max_staleness` (README, \"Asynchronous mode\"): a generator thread on the local backend, the "
+        "`rollout` role on a pool of its own on the ray backend; hf engine and the critic-free outcome "
+        "algorithms (grpo, gspo, rloo, reinforce_pp, reinforce_pp_baseline) only.",
     )
     max_staleness: int = Field(
         1, ge=0,

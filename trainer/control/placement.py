@@ -7,6 +7,9 @@ they run one after another. Roles on different pools run at the same time.
   split       the actor on one pool, every other role on a second pool
   standalone  one pool per role
   explicit    `placement.pools` (name -> devices) and `placement.roles` (role -> pool)
+
+In `trainer.mode: async` on the ray backend a `rollout` role generates on a pool of its own
+(split: the training roles on pool `train`, the rollout role on pool `rollout`).
 """
 
 from __future__ import annotations
@@ -21,15 +24,18 @@ from hflow.engine.workers.actor import ActorWorker
 from hflow.engine.workers.critic import CostCriticWorker, CriticWorker
 from hflow.engine.workers.reference import ReferenceWorker
 from hflow.engine.workers.reward import CostWorker, RewardWorker
+from hflow.engine.workers.rollout import RolloutWorker
 from hflow.errors import UserError
 from hflow.mapper import plan_placement
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.worker_specs import worker_spec
 
+ROLLOUT = "rollout"  # async mode's generator on its own pool (`engine/workers/rollout.py`)
+
 
 def worker_class(role: str) -> type:
     return {"actor": ActorWorker, "reference": ReferenceWorker, "reward": RewardWorker, "cost": CostWorker,
-            "critic": CriticWorker, "cost_critic": CostCriticWorker}[role]
+            "critic": CriticWorker, "cost_critic": CostCriticWorker, "rollout": RolloutWorker}[role]
 
 
 class WorkerGroups:
@@ -60,7 +66,8 @@ class WorkerGroups:
             "backend": self.backend,
             "pools": [
                 {"name": p.name, "devices": p.devices,
-                 "roles": [r for r, g in self.by_role.items() if g.pool is p]}
+                 "roles": [r for r, g in self.by_role.items() if g.pool is p],
+                 **({"processes": self.cluster.processes[p.name]} if self.cluster is not None else {})}
                 for p in self.pools
             ],
             "roles": {r: {"pool": g.pool.name, "ranks": list(range(g.world_size))}
@@ -113,6 +120,9 @@ def pool_layout(recipe: Recipe, roles: list[str], devices: int, device_kind: str
         if devices < 2:
             raise UserError(f"placement.mode split needs at least 2 devices; this run has {devices} "
                             "(set cluster.cpu_slots or cluster.gpus)")
+        if ROLLOUT in roles:  # async mode: generation on one side, every training role on the other
+            return Layout({"train": devices - devices // 2, ROLLOUT: devices // 2},
+                          {r: ROLLOUT if r == ROLLOUT else "train" for r in roles})
         return Layout({"actor": devices - devices // 2, "rest": devices // 2},
                       {r: "actor" if r == "actor" else "rest" for r in roles})
     if mode == "standalone":
@@ -132,7 +142,10 @@ def _auto(recipe: Recipe, roles: list[str], devices: int, device_kind: str) -> L
     """Ask the auto-mapper. Its plans for this engine use ZeRO data parallelism only (the hf
     generator and DeepSpeed have no tensor or pipeline parallelism); roles without a model
     (a reward function) join the actor's pool."""
-    plan = plan_placement(recipe, gpus=devices, gpu="cpu" if device_kind == "cpu" else None, parallel="zero")
+    # Async mode's rollout pool only where the rollout role runs (the ray backend; on the local
+    # backend the actor's generator thread samples, in the one process the sync plan places).
+    plan = plan_placement(recipe, gpus=devices, gpu="cpu" if device_kind == "cpu" else None, parallel="zero",
+                          mode="async" if ROLLOUT in roles else "sync")
     sizes = {p["name"]: p["devices"] for p in plan["pools"]}
     actor_pool = plan["roles"]["actor"]["pool"]
     role_pool = {r: plan["roles"][r]["pool"] if r in plan["roles"] else actor_pool for r in roles}
@@ -158,12 +171,18 @@ def _explicit(recipe: Recipe, roles: list[str]) -> tuple[dict[str, int], dict[st
 
 def build_worker_groups(recipe: Recipe, roles: list[str], device: torch.device,
                         ray_address: str | None = None) -> WorkerGroups:
+    """The run's worker groups. In `trainer.mode: async` on the ray backend the `rollout` role joins
+    the roles, on a pool of its own (on the local backend the actor's generator thread samples)."""
     devices = device_count(recipe, device)
     kind = "cuda" if device.type == "cuda" else "cpu"
     sizes, role_pool, mapper_plan = pool_layout(recipe, roles, devices, kind)
     backend = recipe.placement.backend
     if backend == "auto":
         backend = "local" if len(sizes) == 1 and sum(sizes.values()) == 1 and not ray_address else "ray"
+    if recipe.trainer.mode == "async" and backend == "ray":
+        roles = [*roles, ROLLOUT]
+        sizes, role_pool, mapper_plan = pool_layout(recipe, roles, devices, kind)
+        _check_rollout_pool(recipe, role_pool)
     if backend == "local":
         if len(sizes) != 1 or sum(sizes.values()) != 1:
             raise UserError(f"placement.backend local runs one colocated device; this placement has pools "
@@ -172,6 +191,16 @@ def build_worker_groups(recipe: Recipe, roles: list[str], device: torch.device,
         groups = {r: LocalWorkerGroup(r, pool, worker_class(r), worker_spec(recipe, r)) for r in roles}
         return WorkerGroups("local", [pool], groups, mapper_plan=mapper_plan)
     return _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan)
+
+
+def _check_rollout_pool(recipe: Recipe, role_pool: dict[str, str]) -> None:
+    """The rollout role generates while the others train: it needs a pool no other role is on."""
+    shared = [r for r, pool in role_pool.items() if r != ROLLOUT and pool == role_pool[ROLLOUT]]
+    if shared:
+        raise UserError(f"trainer.mode async on the ray backend generates on a pool of its own, but placement.mode "
+                        f"{recipe.placement.mode} puts the rollout role on pool {role_pool[ROLLOUT]!r} with "
+                        f"{', '.join(shared)}; use placement.mode split or standalone, or map rollout to a pool "
+                        "of its own in placement.roles (or placement.backend: local, one device)")
 
 
 def _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan) -> WorkerGroups:

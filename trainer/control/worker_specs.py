@@ -72,7 +72,6 @@ def actor_spec(recipe: Recipe) -> ActorSpec:
         offload_in_rollout=recipe.actor.offload_in_rollout, seed=recipe.seed, lora=lora_spec(recipe.actor),
         policy_loss=recipe.policy_loss, loss_agg_mode=recipe.loss_agg_mode,
         off_policy_correction=recipe.actor.off_policy_correction, off_policy_cap=recipe.actor.off_policy_cap,
-        generator_copy=recipe.trainer.mode == "async",
     )
 
 
@@ -99,6 +98,7 @@ def worker_spec(recipe: Recipe, role: str) -> Any:
     """The spec of one role's worker."""
     builders = {
         "actor": lambda: actor_spec(recipe),
+        "rollout": lambda: actor_spec(recipe),  # async mode's generator on its own pool: the actor's settings
         "reference": lambda: reference_spec(recipe),
         "critic": lambda: critic_spec(recipe, recipe.critic_source),
         "cost_critic": lambda: critic_spec(recipe, recipe.cost_critic_source),

@@ -10,8 +10,8 @@ import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.errors import RunFailed, UserError
-from hflow.trainer.control.async_rollout import AsyncRollout, rollouts, staleness_metrics
+from hflow.errors import RunFailed
+from hflow.trainer.control.async_rollout import AsyncRollout, LocalGenerator, RolloutGroup, staleness_metrics
 
 
 class FakeActor:
@@ -46,10 +46,12 @@ class FakeActor:
 
 
 class FakeSession:
-    def __init__(self, actor, total: int, backend: str = "local", start_step: int = 1, max_staleness: int = 1):
-        self.groups = _Groups(backend, actor)
+    def __init__(self, actor, total: int, backend: str = "local", start_step: int = 1, max_staleness: int = 1,
+                 rollout=None, worker_timeout_s: float | None = None):
+        self.groups = _Groups(backend, actor, rollout)
         self.recipe = SimpleNamespace(trainer=SimpleNamespace(total_steps=total, mode="async",
-                                                              max_staleness=max_staleness))
+                                                              max_staleness=max_staleness,
+                                                              worker_timeout_s=worker_timeout_s))
         self.start_step = start_step
         self.timings: dict[str, float] = {}
 
@@ -65,9 +67,14 @@ class FakeSession:
 
 
 class _Groups(dict):
-    def __init__(self, backend, actor):
-        super().__init__(actor=actor)
+    def __init__(self, backend, actor, rollout=None):
+        super().__init__(actor=actor, **({"rollout": rollout} if rollout is not None else {}))
         self.backend = backend
+
+
+def _producer(actor, total: int, max_staleness: int = 1, **session) -> AsyncRollout:
+    fake = FakeSession(actor, total, max_staleness=max_staleness, **session)
+    return AsyncRollout(fake, max_staleness, LocalGenerator(fake))
 
 
 def _wait_ready(producer: AsyncRollout, steps: range) -> None:
@@ -79,7 +86,7 @@ def _wait_ready(producer: AsyncRollout, steps: range) -> None:
 def test_the_producer_runs_ahead_to_the_bound_and_each_step_trains_within_it(k):
     total = 6
     actor = FakeActor()
-    producer = AsyncRollout(FakeSession(actor, total, max_staleness=k), k)
+    producer = _producer(actor, total, k)
     producer.start()
     seen = []
     for step in range(1, total + 1):
@@ -97,7 +104,7 @@ def test_the_producer_runs_ahead_to_the_bound_and_each_step_trains_within_it(k):
 
 def test_a_resumed_producer_starts_at_the_first_untrained_step_from_the_checkpoint_version():
     actor = FakeActor()
-    producer = AsyncRollout(FakeSession(actor, 5, start_step=4), 1)
+    producer = _producer(actor, 5, start_step=4)
     producer.start()
     _wait_ready(producer, range(4, 6))
     producer.stop(cancel=False)
@@ -106,7 +113,7 @@ def test_a_resumed_producer_starts_at_the_first_untrained_step_from_the_checkpoi
 
 def test_a_generator_failure_ends_the_step_with_one_line_naming_it():
     actor = FakeActor(fail_at=2)
-    producer = AsyncRollout(FakeSession(actor, 4), 1)
+    producer = _producer(actor, 4)
     producer.start()
     producer.take(1)
     producer.trained(1)
@@ -118,7 +125,7 @@ def test_a_generator_failure_ends_the_step_with_one_line_naming_it():
 
 def test_a_run_that_ends_early_cancels_the_generation_in_progress_and_joins_the_producer():
     actor = FakeActor(hang_at=2)
-    producer = AsyncRollout(FakeSession(actor, 4), 1)
+    producer = _producer(actor, 4)
     producer.start()
     producer.take(1)
     producer.stop(cancel=True)  # as when step 1's update fails: step 2 is being generated
@@ -135,11 +142,99 @@ def test_a_row_past_the_bound_stops_the_run():
         staleness_metrics(batch, 4, 2)
 
 
-def test_async_on_another_backend_is_a_user_error():
-    with pytest.raises(UserError, match="trainer.mode async runs on the local backend only, but this placement "
-                                        "uses ray"):
-        with rollouts(FakeSession(FakeActor(), 2, backend="ray")):
-            pass
+class FakeFuture:
+    """A ray backend result: computed once `done` is set; reading a column of a failed one raises."""
+
+    __hflow_future__ = True
+
+    def __init__(self, batch: Batch, done: threading.Event, error: Exception | None = None):
+        self.batch, self.done, self.error = batch, done, error
+
+    def wait(self, timeout_s: float) -> bool:
+        return self.done.wait(timeout_s)
+
+    def select(self, *keys):
+        if self.error:
+            raise self.error
+        return self.batch.select(*keys)
+
+    def __getitem__(self, key):
+        return self.select(key)[key]
+
+
+class FakeRolloutPool:
+    """The rollout role (`RolloutGroup`'s view of it): its weights arrive bucket by bucket, and each
+    generation is stamped with the version of the last complete refresh."""
+
+    def __init__(self, never_done_at: int | None = None):
+        self.version = None
+        self.loads: list[tuple[str, int | None]] = []
+        self.generated: dict[int, int] = {}
+        self.never_done_at = never_done_at
+
+    def load_weights(self, bucket, version):
+        self.loads.append((bucket, version))
+        if version is not None:
+            self.version = version
+
+    def generate(self, prompts: Batch) -> FakeFuture:
+        step = prompts.meta["step"]
+        self.generated[step] = self.version
+        done = threading.Event()
+        if step != self.never_done_at:
+            done.set()
+        return FakeFuture(Batch({col.POLICY_VERSION: torch.tensor([self.version] * 2)}), done)
+
+
+class FakeTrainPool:
+    def __init__(self):
+        self.sent = 0
+
+    def open_weight_stream(self) -> int:
+        return 3
+
+    def next_weight_bucket(self) -> str:
+        self.sent += 1
+        return f"bucket{self.sent}"
+
+
+def _ray_producer(pool: FakeRolloutPool, total: int, max_staleness: int = 1, **session) -> AsyncRollout:
+    fake = FakeSession(FakeTrainPool(), total, max_staleness=max_staleness, rollout=pool, **session)
+    return AsyncRollout(fake, max_staleness, RolloutGroup(fake))
+
+
+def test_a_refresh_of_the_rollout_pool_sends_every_bucket_and_the_version_with_the_last():
+    pool = FakeRolloutPool()
+    producer = _ray_producer(pool, 3)
+    producer.start()  # the first refresh: version 0
+    _wait_ready(producer, range(1, 3))
+    assert pool.loads == [("bucket1", None), ("bucket2", None), ("bucket3", 0)]
+    producer.take(1)
+    producer.trained(1)
+    assert pool.loads[3:] == [("bucket4", None), ("bucket5", None), ("bucket6", 1)]
+    _wait_ready(producer, range(3, 4))
+    producer.take(2)
+    producer.trained(2)
+    producer.take(3)
+    producer.stop(cancel=False)
+    assert pool.generated == {1: 0, 2: 0, 3: 1}  # one step ahead: step 3 waited for version 1
+
+
+def test_the_rollout_pool_s_producer_stops_at_once_while_a_generation_never_ends():
+    producer = _ray_producer(FakeRolloutPool(never_done_at=2), 4)
+    producer.start()
+    producer.take(1)
+    producer.stop(cancel=True)
+    assert not producer.thread.is_alive() and producer.error is None
+
+
+def test_a_rollout_pool_that_never_answers_ends_the_run_at_the_watchdog():
+    producer = _ray_producer(FakeRolloutPool(never_done_at=1), 2, worker_timeout_s=0.5)
+    producer.start()
+    with pytest.raises(RunFailed, match=r"rollout worker failed: no answer to generate within 0.5 s "
+                                        r"\(trainer.worker_timeout_s\)"):
+        producer.take(1)
+    producer.stop(cancel=True)
 
 
 def test_a_generator_failure_in_a_real_run_marks_it_failed_at_its_last_trained_step(tiny_model, tmp_path,
