@@ -1,14 +1,28 @@
-"""Tokens per second of the same recipe in `trainer.mode: sync` and `trainer.mode: async`.
+"""Synchronous against asynchronous RL on the same cores: tokens/s, reward after the same
+samples, and each placement's bubble.
 
     python benchmarks/async_vs_sync.py [--recipe grpo/tiny_async] [--steps 20] [--rounds 3]
-                                       [--max-staleness 1] [--model DIR] [--threads N]
+                                       [--configs sync-local,sync-split,async-local,async-split]
+                                       [--size tiny|small|medium] [--model DIR] [--max-staleness 1]
+                                       [--set KEY=VALUE ...]
 
-Each round runs the recipe once per mode, the modes alternating (sync, async, sync, async, ...)
-so that both see the machine in the same state; all in this one process, one after another.
-A run's throughput is its tokens (prompt + response, every step after the first, which warms
-up) over the wall time of those steps, the rollouts' waits included: what a user gets per
-second. Without --model a tiny Llama is built in a temporary directory (as the quickstart's).
-The off-policy correction and every other key stay the recipe's in both modes.
+The placements (`--configs`), all on the same `cluster.cpu_slots` (default 2):
+  sync-local   one process, every role colocated (torch's own thread count)
+  sync-split   ray: the actor on one pool, reference and reward on the other
+  async-local  one process, a generator thread beside the trainer (`trainer.mode: async`)
+  async-split  ray: the rollout role on one pool, the training roles on the other (async)
+Each round runs every placement once, in turn, so that all see the machine in the same state;
+all in this one process (each ray run starts and stops its own Ray instance). The same recipe,
+model, seeds and number of steps (so of samples) for all; the off-policy correction and every
+other key stay the recipe's.
+
+Printed per placement: tokens/s (prompt + response tokens over the wall time of the steps
+after the first two, which warm up; the rollout's waits included), reward/mean over the last
+quarter of the steps (after the same number of samples for every placement), and the bubble:
+the share of the pools' time spent idle, 1 - busy / (pools x step time). Busy is the stage
+times of each pool (sync; on ray the workers' own measure) or the generator's and the
+trainer's busy seconds (async, `async/*_busy_s`). Without --model a Llama of --size is built
+in a temporary directory (the character tokenizer).
 """
 
 from __future__ import annotations
@@ -17,58 +31,100 @@ import argparse
 import statistics
 import tempfile
 
-import torch
-
 from hflow.cli.quiet import quiet_libraries
 from hflow.engine.models.loading import build_tiny_model
 from hflow.trainer.algorithms.registry import trainer_for
 from hflow.trainer.config.load import load_recipe
 from hflow.trainer.rundir.writer import RunDir
 
+RAY_SPLIT = ["placement.backend=ray", "placement.mode=split"]
+CONFIGS = {
+    "sync-local": ("sync", ["placement.backend=local"]),
+    "sync-split": ("sync", RAY_SPLIT),
+    "async-local": ("async", ["placement.backend=local"]),
+    "async-split": ("async", RAY_SPLIT),
+}
+WARM_UP = 2  # steps left out of the throughput: start-up, and nothing to overlap yet
+NOT_WORK = ("step", "wait_rollout", "refresh_generator", "eval", "checkpoint", "export")
 
-def tokens_per_s(recipe_name: str, mode: str, args, model: str, out: str) -> float:
-    recipe, _ = load_recipe(recipe_name, [f"model.path={model}", "model.init=null", f"trainer.mode={mode}",
-                                          f"trainer.max_staleness={args.max_staleness}",
-                                          f"trainer.total_steps={args.steps}", "trainer.save_every=0",
-                                          "logging.progress=lines", "logging.wandb.enabled=false"])
-    recipe.name = f"bench-{mode}"
+
+def one_run(config: str, args, model: str, out: str) -> dict:
+    mode, placement = CONFIGS[config]
+    overrides = [f"model.path={model}", "model.init=null", f"trainer.mode={mode}",
+                 f"trainer.max_staleness={args.max_staleness}", f"trainer.total_steps={args.steps}",
+                 "trainer.save_every=0", "trainer.eval_every=0", "logging.progress=lines",
+                 "logging.wandb.enabled=false", *placement, *args.set]
+    if "placement.backend=ray" in placement:
+        overrides.append(f"cluster.cpu_slots={args.slots}")
+    recipe, _ = load_recipe(args.recipe, overrides)
+    recipe.name = f"bench-{config}"
     run = RunDir.create(recipe, out)
     try:
         trainer_for(recipe.algorithm)(recipe, run)
     finally:
         run.close()
-    events = [e for e in run.events() if e["step"] >= 2]  # step 1 warms up (and has nothing to overlap)
+    pools = 2 if config != "sync-local" else 1
+    events = [e for e in run.events() if e["step"] > WARM_UP]
+    wall = sum(e["timing/step"] for e in events)
     tokens = sum(e["throughput/tokens_per_s"] * e["timing/step"] for e in events)
-    return tokens / sum(e["timing/step"] for e in events)
+    last = run.events()[-max(1, args.steps // 4):]
+    return {"tokens_per_s": tokens / wall, "reward": statistics.mean(e["reward/mean"] for e in last),
+            "bubble": 1 - sum(busy_s(e, mode) for e in events) / (pools * wall)}
+
+
+def busy_s(event: dict, mode: str) -> float:
+    """The seconds the step's pools worked (see the module docstring)."""
+    if mode == "async":
+        return event["async/generate_busy_s"] + event["async/train_busy_s"]
+    return sum(v for k, v in event.items() if k.startswith("timing/") and k[7:] not in NOT_WORK)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", default="grpo/tiny_async")
-    parser.add_argument("--steps", type=int, default=20, help="RL steps per run (at least 2)")
+    parser.add_argument("--steps", type=int, default=20, help=f"RL steps per run (more than {WARM_UP})")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated: {', '.join(CONFIGS)}")
     parser.add_argument("--max-staleness", type=int, default=1)
-    parser.add_argument("--model", help="a model directory (default: a tiny Llama built here)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own)")
+    parser.add_argument("--slots", type=int, default=2, help="cluster.cpu_slots of the ray placements")
+    parser.add_argument("--size", default="tiny", help="the Llama built without --model: tiny, small, medium")
+    parser.add_argument("--model", help="a model directory (default: a Llama of --size built here)")
+    parser.add_argument("--set", action="append", default=[], help="a recipe override for every run")
     args = parser.parse_args()
-    if args.steps < 2:
-        parser.error("--steps must be at least 2 (the first step is left out as warm-up)")
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"--configs: unknown {', '.join(unknown)}; accepted: {', '.join(CONFIGS)}")
+    if args.steps <= WARM_UP:
+        parser.error(f"--steps must be more than {WARM_UP} (the first steps are left out as warm-up)")
     quiet_libraries()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    rows: dict[str, list[float]] = {"sync": [], "async": []}
+    rows: dict[str, list[dict]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or str(build_tiny_model(f"{tmp}/tiny"))
+        model = args.model or str(build_tiny_model(f"{tmp}/model", args.size))
         for _ in range(args.rounds):
-            for mode in ("sync", "async"):
-                rows[mode].append(tokens_per_s(args.recipe, mode, args, model, tmp))
-    print(f"{args.recipe}, {args.steps} steps per run, max_staleness {args.max_staleness}, "
-          f"{args.rounds} rounds (modes alternating)")
-    print(f"{'round':<7}{'sync tok/s':>12}{'async tok/s':>13}{'speed-up':>10}")
-    for i, (s, a) in enumerate(zip(rows["sync"], rows["async"]), 1):
-        print(f"{i:<7}{s:>12.1f}{a:>13.1f}{a / s:>9.2f}x")
-    sync, async_ = statistics.median(rows["sync"]), statistics.median(rows["async"])
-    print(f"{'median':<7}{sync:>12.1f}{async_:>13.1f}{async_ / sync:>9.2f}x")
+            for config in configs:
+                rows[config].append(one_run(config, args, model, tmp))
+    report(rows, args)
+
+
+def report(rows: dict[str, list[dict]], args) -> None:
+    print(f"{args.recipe} {' '.join(args.set)}, {args.steps} steps per run, max_staleness {args.max_staleness}, "
+          f"{args.rounds} rounds (placements in turn), {args.slots} slots")
+    print(f"{'placement':<13}{'tok/s by round':>30}{'median':>9}{'reward':>8}{'bubble':>8}")
+    medians = {}
+    for config, runs in rows.items():
+        medians[config] = statistics.median(r["tokens_per_s"] for r in runs)
+        by_round = " ".join(f"{r['tokens_per_s']:.0f}" for r in runs)
+        print(f"{config:<13}{by_round:>30}{medians[config]:>9.0f}"
+              f"{statistics.mean(r['reward'] for r in runs):>8.3f}"
+              f"{statistics.mean(r['bubble'] for r in runs):>8.2f}")
+    sync = {c: m for c, m in medians.items() if c.startswith("sync")}
+    async_ = {c: m for c, m in medians.items() if c.startswith("async")}
+    if sync and async_:
+        best_sync, best_async = max(sync, key=sync.get), max(async_, key=async_.get)
+        per_round = [a["tokens_per_s"] / s["tokens_per_s"] for a, s in zip(rows[best_async], rows[best_sync])]
+        print(f"best async ({best_async}) / best sync ({best_sync}): {async_[best_async] / sync[best_sync]:.2f}x "
+              f"(by round: {' '.join(f'{r:.2f}x' for r in per_round)})")
 
 
 if __name__ == "__main__":
