@@ -46,7 +46,8 @@ ROLLOUT_ENTROPY = "rollout_entropy"
 
 POLICY_VERSION = "policy_version"
 """(N,) long: the policy version that generated the row (the steps trained before its weights were
-copied), `trainer.mode: async` only (`engine/rollout/generator_copy.py`)."""
+copied): in `trainer.mode: async` the generator's (`engine/rollout/generator_copy.py`), in sync mode
+step - 1, stamped by the controller's stream (`trainer/control/streaming.py`)."""
 
 EPISODE = "episode"
 """list, N: a multi-turn episode's record (`rollout.env`; `engine/rollout/episodes.py`): a dict
@@ -106,3 +107,11 @@ PTX_INPUT_IDS = "ptx_input_ids"
 
 PTX_ATTENTION_MASK = "ptx_attention_mask"
 """(N, L) long: its attention mask."""
+
+# --- row timings (`trainer/control/streaming.py`) --------------------------------------------
+
+GENERATED_AT = "generated_at"
+"""(N,) float64: wall-clock time (Unix seconds) at which the row's generation call returned it."""
+
+REWARD_STARTED_AT = "reward_started_at"
+"""(N,) float64: wall-clock time at which the reward stage started on the row's chunk."""

@@ -53,9 +53,11 @@ class FusedWorker:
                                       **kwargs)
 
     def call(self, role: str, method: str, args: tuple, kwargs: dict, stage: str | None = None) -> Any:
-        start = time.perf_counter()
+        # Inputs still being computed elsewhere (a streamed chunk) are waited for here; the stage's
+        # time counts from when they are in, so waiting shows as idle, not as work.
         args = tuple(unpack(a) for a in args)
         kwargs = {k: unpack(v) for k, v in kwargs.items()}
+        start = time.perf_counter()
         try:
             return getattr(self.roles[role], method)(*args, **kwargs)
         finally:

@@ -10,6 +10,7 @@ no answer within the watchdog's time becomes a `WorkerError` naming its role, ra
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch
+from hflow.engine.groups.rows import join_rows, widths
 from hflow.engine.groups.worker import WorkerError
 from hflow.errors import UserError
 
@@ -48,10 +50,21 @@ def union_all(batches: list[Batch]) -> Batch:
     return out
 
 
+class RowBlocks:
+    """One rank's share of a `ChunkedFuture`: per chunk, that rank's `RefParts`; their rows are
+    joined in chunk order on arrival (`rows.join_rows`)."""
+
+    def __init__(self, blocks: list[RefParts], pad_token_id: int):
+        self.blocks = blocks
+        self.pad_token_id = pad_token_id
+
+
 def unpack(value: Any) -> Any:
     if isinstance(value, RefParts):
         ray = ray_module()
         return union_all(ray.get(value.refs))
+    if isinstance(value, RowBlocks):
+        return join_rows([unpack(block) for block in value.blocks], value.pad_token_id)
     return value
 
 
@@ -162,6 +175,71 @@ class Future:
     def __ror__(self, other: Batch) -> "Future":
         mine = _controller_parts(other, self.world_size)
         return Future([[part] + rest for part, rest in zip(mine, self.parts)], self.collect)
+
+
+class ChunkedFuture(Future):
+    """The rows of several futures of one group's world size, in order: a streamed step's chunks
+    (`trainer/control/streaming.py`), joined without leaving the object store. Handed to a
+    group's DP call, each rank receives its piece of every chunk (`RowBlocks`) and joins them
+    itself; the controller reads only the columns it asks for."""
+
+    def __init__(self, chunks: list[Future], pad_token_id: int):
+        if len({c.world_size for c in chunks}) != 1:
+            raise ValueError("chunks of different world sizes cannot be joined")
+        super().__init__([], chunks[0].collect)
+        self.chunks = chunks
+        self.pad_token_id = pad_token_id
+        self._widths: list[tuple[int, int]] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.chunks[0].world_size
+
+    def wait(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        return all(c.wait(max(0.0, deadline - time.monotonic())) for c in self.chunks)
+
+    def rank_refs(self, rank: int) -> RowBlocks:
+        return RowBlocks([c.rank_refs(rank) for c in self.chunks], self.pad_token_id)
+
+    def get(self) -> Batch:
+        if self._value is None:
+            self._value = join_rows([c.get() for c in self.chunks], self.pad_token_id)
+        return self._value
+
+    def select(self, *keys: str) -> Batch:
+        """These columns of every chunk, joined (the masks come along to pad per-token columns)."""
+        if self._value is not None:
+            return self._value.select(*keys)
+        masks = tuple(k for k in (col.ATTENTION_MASK, col.RESPONSE_MASK) if k not in keys)
+        joined = join_rows([c.select(*keys, *masks) for c in self.chunks], self.pad_token_id)
+        return joined.select(*keys)
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+    def chunk_widths(self) -> list[tuple[int, int]]:
+        if self._widths is None:
+            self._widths = [widths(c.select(col.ATTENTION_MASK, col.RESPONSE_MASK)) for c in self.chunks]
+        return self._widths
+
+    def __or__(self, other: "Future | Batch") -> "ChunkedFuture":
+        """With a Batch of the joined rows (the controller's advantages): each chunk gets its rows,
+        per-token columns cut back to the chunk's response width (the rest is padding)."""
+        if not isinstance(other, Batch):
+            return _as_future(self.get() | other.get(), 1)
+        joined_r = max(r for _, r in self.chunk_widths())
+        out, start = [], 0
+        for chunk, (_, width_r) in zip(self.chunks, self.chunk_widths()):
+            rows = other.slice(start, start + len(chunk))
+            start += len(chunk)
+            rows = Batch({k: t[:, :width_r] if t.dim() >= 2 and t.shape[1] == joined_r else t
+                          for k, t in rows.tensors.items()}, rows.columns, rows.meta)
+            out.append(chunk | rows)
+        return ChunkedFuture(out, self.pad_token_id)
+
+    def __ror__(self, other: Batch) -> "ChunkedFuture":
+        raise TypeError("join a Batch onto a ChunkedFuture from its right: chunked | batch")
 
 
 def _read(group: list[Part], ref) -> Batch:

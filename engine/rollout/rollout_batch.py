@@ -9,6 +9,8 @@ same rollout (asynchronous mode with `max_staleness: 0` reproduces the synchrono
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hflow.engine import columns as col
@@ -29,7 +31,11 @@ def sampling_for(prompts: Batch, rollout: RolloutSpec, seed: int, rank: int,
     stream = "eval" if evaluation else "rollout"  # evaluation never draws from the rollout's stream
     # DAPO's extra sampling rounds of a step (`round` >= 1) each draw from their own stream.
     rounds = [prompts.meta["round"]] if prompts.meta.get("round") else []
-    rng = torch.Generator(device=device).manual_seed(stream_seed(seed, stream, prompts.meta["step"], rank, *rounds))
+    # A streamed step's chunks (`rollout.stream_prompts`), each its own generation call, draw from
+    # their own streams too; chunk 0 (and an unstreamed step) keeps the step's.
+    chunks = ["chunk", prompts.meta["chunk"]] if prompts.meta.get("chunk") else []
+    rng = torch.Generator(device=device).manual_seed(
+        stream_seed(seed, stream, prompts.meta["step"], rank, *rounds, *chunks))
     greedy = bool(prompts.meta.get("greedy", False))
     params = SamplingParams(rollout.max_response_length, rollout.temperature, rollout.top_p, rollout.top_k,
                             greedy=greedy)
@@ -53,6 +59,9 @@ def rollout_batch(prompts: Batch, out: dict, n: int, recompute_old_log_probs: bo
     if not recompute_old_log_probs:
         # Exactly on-policy: the sampler's log-probs are the old policy's.
         out[col.OLD_LOG_PROBS], out[col.ENTROPY] = out[col.ROLLOUT_LOG_PROBS], out[col.ROLLOUT_ENTROPY]
+    if col.POLICY_VERSION not in out and "policy_version" in prompts.meta:  # sync mode: the controller's count
+        out[col.POLICY_VERSION] = torch.full((len(out[col.RESPONSES]),), prompts.meta["policy_version"], dtype=torch.long)
+    out[col.GENERATED_AT] = torch.full((len(out[col.RESPONSES]),), time.time(), dtype=torch.float64)
     return prompts.repeat(n) | Batch(out, episode)
 
 

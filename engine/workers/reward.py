@@ -11,6 +11,8 @@ tokenizer (chat prompts through its chat template), right-padded.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hflow.engine import columns as col
@@ -93,9 +95,12 @@ class RewardWorker(Worker):
 
     @register(Dispatch.DP_COMPUTE)
     def compute_reward(self, batch: Batch) -> Batch:
-        """`scores` (N,) and the decoded `response_text` of every row."""
+        """`scores` (N,) and the decoded `response_text` of every row, and when this began
+        (`reward_started_at`: a streamed step's rows show their reward overlapping generation)."""
+        started = torch.full((len(batch),), time.time(), dtype=torch.float64)
         texts = self._texts(batch)
-        return Batch({self.output_key: self._score(batch, texts)}, {col.RESPONSE_TEXT: texts})
+        return Batch({self.output_key: self._score(batch, texts), col.REWARD_STARTED_AT: started},
+                     {col.RESPONSE_TEXT: texts})
 
 
 class CostWorker(RewardWorker):

@@ -37,14 +37,12 @@ def run_outcome_loop(recipe: Recipe, run: RunDir, compute: Callable[[Batch, Reci
 
         with rollouts(session) as rollout:
             for step in session.steps():
-                batch = rollout.take(step)
+                # Generation, reference and reward stream chunk by chunk (`control/streaming.py`).
+                batch, streamed = session.score_stream(rollout.chunks(step), reward)
                 batch = session.old_log_probs(batch)
-                batch = session.reference_log_probs(batch)
-                with session.stage("reward"):
-                    batch |= reward.compute_reward(batch)
                 if not session.finite_scores(batch, step):  # a NaN/inf score, trainer.on_nonfinite: skip_step
                     rollout.trained(step)
-                    session.end_step(step, batch, rollout.metrics())  # logged, with no update
+                    session.end_step(step, batch, streamed, rollout.metrics())  # logged, with no update
                     continue
                 with session.stage("advantage"):
                     batch |= compute(batch, recipe)
@@ -53,7 +51,7 @@ def run_outcome_loop(recipe: Recipe, run: RunDir, compute: Callable[[Batch, Reci
                     # otherwise wait for it and count the update as the trainer's idle time.
                     metrics = resolve(actor.update_actor(batch))
                 rollout.trained(step)  # async: the generator copy gets the new weights
-                session.end_step(step, batch, metrics, rollout.metrics())
+                session.end_step(step, batch, metrics, streamed, rollout.metrics())
         session.finish()
 
 

@@ -184,6 +184,20 @@ class Recipe(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_stream(self) -> "Recipe":
+        """What `rollout.stream_prompts` runs with (see `trainer/control/streaming.py`)."""
+        chunk, per_step = self.rollout.stream_prompts, self.trainer.prompts_per_step
+        if not chunk:
+            return self
+        if self.algorithm not in ASYNC_ALGORITHMS:
+            raise ValueError(f"rollout.stream_prompts streams the loop of {', '.join(ASYNC_ALGORITHMS)}, not "
+                             f"algorithm {self.algorithm}; set rollout.stream_prompts: 0")
+        if per_step % chunk:
+            raise ValueError(f"rollout.stream_prompts={chunk} does not divide trainer.prompts_per_step={per_step}; "
+                             f"use a divisor of {per_step} (0: no streaming)")
+        return self
+
+    @model_validator(mode="after")
     def _check_async(self) -> "Recipe":
         """What `trainer.mode: async` runs with (see `trainer/control/async_rollout.py`)."""
         if self.actor.off_policy_correction != "none" and not self.actor.recompute_old_log_probs:

@@ -263,6 +263,14 @@ class RolloutConfig(Section):
     batch_size: int = Field(
         64, gt=0, description="Sequences generated together in one decoding batch (vllm: its max_num_seqs)."
     )
+    stream_prompts: int = Field(
+        0, ge=0,
+        description="Stream each step in chunks of this many prompts: each chunk is one generation call, and the "
+        "reference and reward stages start on a chunk as soon as it is generated instead of waiting for the whole "
+        "rollout (on the ray backend with split pools they run meanwhile on their own devices; on the local "
+        "backend generation runs on a thread beside them). 0: the step is one chunk. It must divide "
+        "trainer.prompts_per_step; grpo, gspo, rloo, reinforce_pp and reinforce_pp_baseline (README, \"Streaming\").",
+    )
     tensor_parallel_size: int = Field(
         1, ge=1,
         description="vllm: GPUs that share one generation replica (tensor parallelism). Groups of this many "

@@ -32,21 +32,36 @@ import threading
 import time
 from typing import Iterator
 
+import torch
+
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.worker import computed
 from hflow.errors import RunFailed, UserError
+from hflow.trainer.control.streaming import join, on_thread, prompt_chunks
 
 
 class SyncRollout:
-    """Each step's rollout generated when the step asks for it, by the hybrid engine."""
+    """Each step's rollout generated when the step asks for it, by the hybrid engine, in chunks
+    (`streaming.py`; one chunk without `rollout.stream_prompts`)."""
 
     def __init__(self, session):
         self.session = session
 
-    def take(self, step: int) -> Batch:
-        with self.session.stage("generate"):
-            return self.session.groups["actor"].generate_sequences(self.session.prompts(step))
+    def chunks(self, step: int) -> Iterator:
+        """Step `step`'s rollout, chunk by chunk as each is generated (local: on a producer thread;
+        ray: each a future, sent at once)."""
+        prompts = self.session.prompts(step)
+        prompts.meta["policy_version"] = step - 1  # the weights trained so far, stamped on every row
+        parts = prompt_chunks(prompts, self.session.recipe.rollout.stream_prompts)
+        actor = self.session.groups["actor"]
+        if self.session.groups.backend == "local":
+            yield from on_thread(actor.generate_sequences, parts, self.session.timings)
+            return
+        for part in parts:
+            with self.session.stage("generate"):
+                out = actor.generate_sequences(part)
+            yield out
 
     def trained(self, step: int) -> None:
         """Step `step` is trained (or skipped): nothing to refresh, the rollout uses the training weights."""
@@ -117,8 +132,10 @@ class AsyncRollout:
         self.session = session
         self.generator = generator
         self.max_staleness = max_staleness
+        self.per_chunk = session.recipe.rollout.stream_prompts
         self.version = session.start_step - 1  # the policy version the generator copy holds
-        self.ready: dict[int, Batch] = {}
+        self.ready: dict[int, list] = {}  # step -> its chunks generated so far
+        self.complete: set[int] = set()  # steps whose every chunk is in `ready`
         self.error: BaseException | None = None
         self.stopping = False
         self.cond = threading.Condition()
@@ -141,12 +158,19 @@ class AsyncRollout:
                     if self.stopping:
                         return
                     started = time.perf_counter()
-                    handle = self.generator.submit(self.session.prompts(step))
-                batch = self.generator.result(handle, lambda: self.stopping)
-                if batch is None:
-                    return  # stopping
+                    # Every chunk is sent under the lock: on Ray no refresh can come between them.
+                    handles = [self.generator.submit(part) for part in
+                               prompt_chunks(self.session.prompts(step), self.per_chunk)]
+                    self.ready[step] = []
+                for handle in handles:
+                    chunk = self.generator.result(handle, lambda: self.stopping)
+                    if chunk is None:
+                        return  # stopping
+                    with self.cond:
+                        self.ready[step].append(chunk)
+                        self.cond.notify_all()
                 with self.cond:
-                    self.ready[step] = batch
+                    self.complete.add(step)
                     self.idle_s += started - waited
                     self.busy_s += time.perf_counter() - started
                     self.cond.notify_all()
@@ -161,17 +185,34 @@ class AsyncRollout:
                 self.error = err
                 self.cond.notify_all()
 
-    def take(self, step: int) -> Batch:
-        """Step `step`'s rollout, once generated; every row's staleness checked against the bound."""
-        with self.session.stage("wait_rollout"), self.cond:
-            self.cond.wait_for(lambda: step in self.ready or self.error is not None)
-            if step not in self.ready:
-                raise self.error
-            depth = len(self.ready)
-            batch = self.ready.pop(step)
-        self._step_metrics = {**staleness_metrics(batch, step - 1, self.max_staleness),
+    def chunks(self, step: int) -> Iterator:
+        """Step `step`'s rollout, chunk by chunk as the producer finishes each; once all are taken,
+        every row's staleness is checked against the bound."""
+        taken = 0
+        while True:
+            with self.session.stage("wait_rollout"), self.cond:
+                self.cond.wait_for(lambda: len(self.ready.get(step, ())) > taken or step in self.complete
+                                   or self.error is not None)
+                new = self.ready.get(step, [])[taken:]
+                if not new and step not in self.complete:
+                    raise self.error
+                done = step in self.complete and taken + len(new) == len(self.ready[step])
+                depth = len(self.ready)
+            for chunk in new:
+                taken += 1
+                yield chunk
+            if done:
+                break
+        with self.cond:
+            chunks = self.ready.pop(step)
+            self.complete.discard(step)
+        versions = torch.cat([chunk.select(col.POLICY_VERSION)[col.POLICY_VERSION] for chunk in chunks])
+        self._step_metrics = {**staleness_metrics(Batch({col.POLICY_VERSION: versions}), step - 1, self.max_staleness),
                               "async/queue_depth": float(depth)}
-        return batch
+
+    def take(self, step: int):
+        """Step `step`'s whole rollout (its chunks joined)."""
+        return join(list(self.chunks(step)), self.session.pad_token_id)
 
     def trained(self, step: int) -> None:
         """Step `step` is trained (or skipped): the generator copy gets the new weights (after the

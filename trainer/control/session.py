@@ -27,6 +27,7 @@ from hflow.trainer.control.evaluate import Evaluator
 from hflow.trainer.control.nonfinite import SKIPPED, check_update, finite, nonfinite_problem, scorer_name
 from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
 from hflow.trainer.control.stop import is_stop, stop_message
+from hflow.trainer.control.streaming import score_chunks
 from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.losses import kl_estimate, masked_mean
 from hflow.trainer.report.progress import Progress
@@ -46,6 +47,7 @@ class Session:
         self.run = run
         self.device = pick_device(recipe.trainer.device)
         tokenizer = load_tokenizer(recipe.model.path, recipe.model.trust_remote_code)
+        self.pad_token_id = tokenizer.pad_token_id  # what a streamed step's chunks are padded with
         self.data = PromptData(recipe.data, tokenizer, recipe.seed, recipe.trainer.prompts_per_step)
         self.evaluator = Evaluator(recipe, tokenizer) if recipe.trainer.eval_every else None
         self.groups: WorkerGroups = build_worker_groups(recipe, roles, self.device, run.ray_address)
@@ -139,6 +141,21 @@ class Session:
             return batch
         with self.stage("reference"):
             return batch | reference.compute_ref_log_prob(batch)
+
+    def score_stream(self, chunks, reward) -> tuple[Batch, dict[str, float]]:
+        """Stages `reference` and `reward` on each chunk of a step's rollout as it arrives
+        (`streaming.py`); the joined step and its `stream/*` metrics. The reference runs on the
+        joined step instead when it is the actor itself (LoRA: its adapters switched off), whose
+        weights the generation in flight is using."""
+        def score(chunk):
+            with self.stage("reward"):
+                return chunk | reward.compute_reward(chunk)
+
+        stages = [score] if self.recipe.reference_in_actor else [self.reference_log_probs, score]
+        batch, metrics = score_chunks(chunks, stages, self.pad_token_id)
+        if self.recipe.reference_in_actor:
+            batch = self.reference_log_probs(batch)
+        return batch, metrics
 
     def finite_scores(self, batch: Batch, step: int, *more_scores) -> bool:
         """True when every reward and cost of the step (the batch's, and ReMax's greedy baseline
@@ -282,7 +299,8 @@ def _check_divisible(recipe: Recipe, groups: WorkerGroups) -> None:
             raise UserError(f"rollout.tensor_parallel_size={tp} does not divide the {world} ranks of the actor "
                             f"group; use a divisor of {world} or give the actor a multiple of {tp} devices")
         sizes = [("trainer.prompts_per_step", recipe.trainer.prompts_per_step),
-                 ("actor.mini_batch_size", recipe.mini_batch_size)]
+                 ("actor.mini_batch_size", recipe.mini_batch_size),
+                 *([("rollout.stream_prompts", recipe.rollout.stream_prompts)] if recipe.rollout.stream_prompts else [])]
         if role in ("critic", "cost_critic"):
             sizes.append(("critic.mini_batch_size", recipe.critic.mini_batch_size or recipe.sequences_per_step))
         for key, value in sizes:

@@ -47,11 +47,13 @@ class FakeActor:
 
 class FakeSession:
     def __init__(self, actor, total: int, backend: str = "local", start_step: int = 1, max_staleness: int = 1,
-                 rollout=None, worker_timeout_s: float | None = None):
+                 rollout=None, worker_timeout_s: float | None = None, stream_prompts: int = 0):
         self.groups = _Groups(backend, actor, rollout)
         self.recipe = SimpleNamespace(trainer=SimpleNamespace(total_steps=total, mode="async",
                                                               max_staleness=max_staleness,
-                                                              worker_timeout_s=worker_timeout_s))
+                                                              worker_timeout_s=worker_timeout_s),
+                                      rollout=SimpleNamespace(stream_prompts=stream_prompts))
+        self.pad_token_id = 0
         self.start_step = start_step
         self.timings: dict[str, float] = {}
 
@@ -79,7 +81,7 @@ def _producer(actor, total: int, max_staleness: int = 1, **session) -> AsyncRoll
 
 def _wait_ready(producer: AsyncRollout, steps: range) -> None:
     with producer.cond:
-        assert producer.cond.wait_for(lambda: all(s in producer.ready for s in steps), timeout=30)
+        assert producer.cond.wait_for(lambda: all(s in producer.complete for s in steps), timeout=30)
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])

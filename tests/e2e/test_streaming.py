@@ -1,0 +1,72 @@
+"""Streamed steps (`rollout.stream_prompts`) through the real CLI: the reward stage starts before
+generation ends (every row's recorded times show it) and the run learns; the local backend's
+threaded stream, the ray backend's futures on split pools, and async mode at max_staleness 0
+all train on exactly the same rows; a bad chunk size is one line."""
+
+import os
+from pathlib import Path
+
+import pytest
+from helpers import assert_recipe_error, train_run, write_recipe
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parents[1]
+# What differs between runs of the same rows by design: wall-clock times, memory, async/*.
+NOT_COMPARED = ("time", "timing/", "throughput/", "memory/", "async/", "stream/reward_lead_s")
+
+
+def _streamed(tmp_path: Path, model: Path, name: str, steps: int, response_length: int = 8,
+              **sections) -> list[dict]:
+    trainer = {"total_steps": steps, "prompts_per_step": 8, "save_every": 0,
+               "output_dir": str(tmp_path / name), **sections.pop("trainer", {})}
+    recipe = write_recipe(tmp_path / f"{name}.yaml", model, trainer=trainer,
+                          rollout={"n": 4, "max_response_length": response_length, "stream_prompts": 2, "batch_size": 8},
+                          actor={"lr": 0.002, "micro_batch_size": 16, "mini_batch_size": 16}, **sections)
+    _, events = train_run(recipe)
+    return events
+
+
+def _same_rows(want: list[dict], got: list[dict]) -> None:
+    assert len(want) == len(got)
+    for a, b in zip(want, got):
+        compared = [k for k in a if not k.startswith(NOT_COMPARED)]
+        assert "actor/loss" in compared and "reward/mean" in compared and "stream/chunks" in compared
+        assert {k: b[k] for k in compared} == {k: a[k] for k in compared}, a["step"]
+
+
+def test_a_streamed_step_scores_chunks_while_generating_and_learns(tmp_path, tiny_model):
+    events = _streamed(tmp_path, tiny_model, "local", 12)
+    assert all(e["stream/chunks"] == 4 for e in events)
+    # The last row was generated after the first reward call began, at every step.
+    assert all(e["stream/reward_lead_s"] > 0 for e in events), [e["stream/reward_lead_s"] for e in events]
+    first = sum(e["reward/mean"] for e in events[:3]) / 3
+    last = sum(e["reward/mean"] for e in events[-3:]) / 3
+    assert last > first + 0.05, (first, last)
+
+
+def test_streaming_on_ray_split_pools_and_async_at_staleness_0_train_on_the_same_rows(tmp_path, tiny_model):
+    pytest.importorskip("ray")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Responses long enough that a chunk's generation outlasts a Ray round trip (~10 ms here).
+    local = _streamed(tmp_path, tiny_model, "local", 3, 32)
+    ray_split = _streamed(tmp_path, tiny_model, "ray", 3, 32, placement={"backend": "ray", "mode": "split"},
+                          cluster={"cpu_slots": 2})
+    async_0 = _streamed(tmp_path, tiny_model, "async", 3, 32, trainer={"mode": "async", "max_staleness": 0})
+    _same_rows(local, ray_split)
+    _same_rows(local, async_0)
+    # The scoring pool began on chunk 0 while the actor's pool generated the rest (after step 1's
+    # warm-up, whose first calls load and compile).
+    assert all(e["stream/reward_lead_s"] > 0 for e in ray_split[1:]), [e["stream/reward_lead_s"] for e in ray_split]
+    assert local[0]["actor/loss"] != local[-1]["actor/loss"]
+
+
+@pytest.mark.parametrize("overrides, needles", [
+    (["rollout.stream_prompts=3"], ["rollout.stream_prompts=3", "trainer.prompts_per_step=8", "divisor"]),
+])
+def test_a_chunk_size_that_does_not_divide_the_step_is_one_line(overrides, needles):
+    assert_recipe_error("grpo/quickstart", overrides, needles)
+
+
+def test_streaming_a_loop_it_does_not_stream_is_one_line():
+    assert_recipe_error("ppo/tiny", ["rollout.stream_prompts=2"], ["rollout.stream_prompts", "algorithm ppo",
+                                                                     "stream_prompts: 0"])
