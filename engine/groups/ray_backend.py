@@ -23,8 +23,19 @@ from typing import Any
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
 from hflow.engine.groups.dist import free_port
-from hflow.engine.groups.ray_futures import Future, Part, get_part, get_result, ray_module, union_all, unpack
+from hflow.engine.groups.ray_futures import (
+    Future,
+    InputFailed,
+    Part,
+    first_failure,
+    get_part,
+    get_result,
+    ray_module,
+    union_all,
+    unpack,
+)
 from hflow.engine.groups.worker import ResourcePool, WorkerGroup
+from hflow.errors import first_line
 
 
 def _init_keeping_sigterm(ray, **kwargs) -> None:
@@ -55,8 +66,11 @@ class FusedWorker:
     def call(self, role: str, method: str, args: tuple, kwargs: dict, stage: str | None = None) -> Any:
         # Inputs still being computed elsewhere (a streamed chunk) are waited for here; the stage's
         # time counts from when they are in, so waiting shows as idle, not as work.
-        args = tuple(unpack(a) for a in args)
-        kwargs = {k: unpack(v) for k, v in kwargs.items()}
+        try:
+            args = tuple(unpack(a) for a in args)
+            kwargs = {k: unpack(v) for k, v in kwargs.items()}
+        except Exception as err:  # the call that was to produce an input raised or died
+            raise InputFailed(f"{type(err).__name__}: {first_line(err)}") from None
         start = time.perf_counter()
         try:
             return getattr(self.roles[role], method)(*args, **kwargs)
@@ -203,8 +217,7 @@ class RayCluster:
     def settle(self) -> None:
         """Wait for every call in flight; a worker's failure surfaces here as a WorkerError."""
         in_flight, self.in_flight = self.in_flight, []
-        for part in in_flight:
-            get_part(part)
+        first_failure([lambda p=part: get_part(p) for part in in_flight])
 
     def shutdown(self) -> None:
         """Stop this run's workers and free their slots; stop Ray too if this run started it."""

@@ -36,6 +36,16 @@ def ray_module():
     return ray
 
 
+class InputFailed(Exception):
+    """Raised in a worker whose call could not read an input another call was to produce (that
+    call raised, or its process died): the fault is upstream, not in this worker."""
+
+
+class UpstreamFailed(WorkerError):
+    """A call that failed only because one of its inputs did (`InputFailed`). Readers look on
+    for the call that failed first and name that one (`first_failure`)."""
+
+
 class RefParts:
     """One rank's share of a future: object refs whose Batches are unioned on arrival."""
 
@@ -114,8 +124,8 @@ class Future:
 
     def get(self) -> Any:
         if self._value is None:
-            per_rank = [[p.local if p.local is not None else get_part(p) for p in rank_parts]
-                        for rank_parts in self.parts]
+            per_rank = [first_failure([lambda p=p: p.local if p.local is not None else get_part(p)
+                                       for p in rank_parts]) for rank_parts in self.parts]
             if isinstance(per_rank[0][0], Batch):
                 self._value = Batch.concat(union_all(p) for p in per_rank)
             else:
@@ -138,7 +148,7 @@ class Future:
                         by_handle.setdefault(id(p.handle), []).append(p)
                 reads = [(group, group[0].handle.read.remote([p.ref for p in group], missing))
                          for group in by_handle.values()]
-                pieces += [_read(group, ref) for group, ref in reads]
+                pieces += first_failure([lambda g=group, r=ref: _read(g, r) for group, ref in reads])
                 per_rank.append(union_all(pieces))
             fetched = Batch.concat(per_rank)
             for key in fetched.keys():
@@ -252,6 +262,20 @@ def _read(group: list[Part], ref) -> Batch:
         raise
 
 
+def first_failure(reads: list) -> list:
+    """Every read's value, in order; if any fail, the first failure that is not only an upstream
+    one (`UpstreamFailed`) is raised, so that the line names the worker at fault."""
+    values, upstream = [], None
+    for read in reads:
+        try:
+            values.append(read())
+        except UpstreamFailed as err:
+            upstream = upstream or err
+    if upstream is not None:
+        raise upstream
+    return values
+
+
 def get_part(part: Part):
     return get_result(part.ref, part.role, part.rank, part.call, part.timeout_s)
 
@@ -276,6 +300,8 @@ def get_result(ref, role: str, rank: int, call: str = "", timeout_s: float | Non
             raise WorkerError(role, rank, died) from None
         if isinstance(cause, UserError):  # the user's mistake, found in a worker: the same line as on local
             raise UserError(str(cause)) from None
+        if isinstance(cause, InputFailed):
+            raise UpstreamFailed(role, rank, f"an input of {call or 'a call'} failed ({cause})") from None
         first_line = (str(cause).strip().splitlines() or [""])[0]
         raise WorkerError(role, rank, f"{type(cause).__name__}: {first_line}") from None
     except ray.exceptions.RayActorError:
