@@ -3,6 +3,7 @@ samples, and each placement's bubble.
 
     python benchmarks/async_vs_sync.py [--recipe grpo/tiny_async] [--steps 20] [--rounds 3]
                                        [--configs sync-local,sync-split,async-local,async-split]
+                                       [--stream K]
                                        [--size tiny|small|medium] [--model DIR] [--max-staleness 1]
                                        [--set KEY=VALUE ...]
 
@@ -11,6 +12,9 @@ The placements (`--configs`), all on the same `cluster.cpu_slots` (default 2):
   sync-split   ray: the actor on one pool, reference and reward on the other
   async-local  one process, a generator thread beside the trainer (`trainer.mode: async`)
   async-split  ray: the rollout role on one pool, the training roles on the other (async)
+A placement with `+stream` (e.g. `sync-split+stream`) also streams each step in chunks of
+`--stream` prompts (`rollout.stream_prompts`; README, "Streaming"): reference and reward start on
+a chunk while the next one generates.
 Each round runs every placement once, in turn, so that all see the machine in the same state;
 all in this one process (each ray run starts and stops its own Ray instance). The same recipe,
 model, seeds and number of steps (so of samples) for all; the off-policy correction and every
@@ -49,7 +53,10 @@ NOT_WORK = ("step", "wait_rollout", "refresh_generator", "eval", "checkpoint", "
 
 
 def one_run(config: str, args, model: str, out: str) -> dict:
-    mode, placement = CONFIGS[config]
+    base, streamed = config.removesuffix("+stream"), config.endswith("+stream")
+    mode, placement = CONFIGS[base]
+    if streamed:
+        placement = [*placement, f"rollout.stream_prompts={args.stream}"]
     overrides = [f"model.path={model}", "model.init=null", f"trainer.mode={mode}",
                  f"trainer.max_staleness={args.max_staleness}", f"trainer.total_steps={args.steps}",
                  "trainer.save_every=0", "trainer.eval_every=0", "logging.progress=lines",
@@ -63,7 +70,7 @@ def one_run(config: str, args, model: str, out: str) -> dict:
         trainer_for(recipe.algorithm)(recipe, run)
     finally:
         run.close()
-    pools = 2 if config != "sync-local" else 1
+    pools = 2 if base != "sync-local" else 1
     events = [e for e in run.events() if e["step"] > WARM_UP]
     wall = sum(e["timing/step"] for e in events)
     tokens = sum(e["throughput/tokens_per_s"] * e["timing/step"] for e in events)
@@ -84,7 +91,9 @@ def main() -> None:
     parser.add_argument("--recipe", default="grpo/tiny_async")
     parser.add_argument("--steps", type=int, default=20, help=f"RL steps per run (more than {WARM_UP})")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated: {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"comma-separated: {', '.join(CONFIGS)}, each optionally with +stream")
+    parser.add_argument("--stream", type=int, default=4, help="prompts per chunk of the +stream placements")
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--slots", type=int, default=2, help="cluster.cpu_slots of the ray placements")
     parser.add_argument("--size", default="tiny", help="the Llama built without --model: tiny, small, medium")
@@ -92,7 +101,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="a recipe override for every run")
     args = parser.parse_args()
     configs = args.configs.split(",")
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in configs if c.removesuffix("+stream") not in CONFIGS]
     if unknown:
         parser.error(f"--configs: unknown {', '.join(unknown)}; accepted: {', '.join(CONFIGS)}")
     if args.steps <= WARM_UP:
@@ -110,12 +119,12 @@ def main() -> None:
 def report(rows: dict[str, list[dict]], args) -> None:
     print(f"{args.recipe} {' '.join(args.set)}, {args.steps} steps per run, max_staleness {args.max_staleness}, "
           f"{args.rounds} rounds (placements in turn), {args.slots} slots")
-    print(f"{'placement':<13}{'tok/s by round':>30}{'median':>9}{'reward':>8}{'bubble':>8}")
+    print(f"{'placement':<20}{'tok/s by round':>30}{'median':>9}{'reward':>8}{'bubble':>8}")
     medians = {}
     for config, runs in rows.items():
         medians[config] = statistics.median(r["tokens_per_s"] for r in runs)
         by_round = " ".join(f"{r['tokens_per_s']:.0f}" for r in runs)
-        print(f"{config:<13}{by_round:>30}{medians[config]:>9.0f}"
+        print(f"{config:<20}{by_round:>30}{medians[config]:>9.0f}"
               f"{statistics.mean(r['reward'] for r in runs):>8.3f}"
               f"{statistics.mean(r['bubble'] for r in runs):>8.2f}")
     sync = {c: m for c, m in medians.items() if c.startswith("sync")}

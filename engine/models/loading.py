@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import string
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -156,6 +157,19 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     """The tokens that end a response: the model's generation config's, else the tokenizer's."""
     eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
     return eos if isinstance(eos, list) else [eos]
+
+
+def config_and_eos(path: str, tokenizer, trust_remote_code: bool = False):
+    """A model folder's config and `eos_token_ids`, without loading its weights: the generation
+    config as `from_pretrained` reads it (generation_config.json, else the model config's)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        generation = GenerationConfig.from_pretrained(path)
+    except OSError:
+        generation = GenerationConfig.from_model_config(config)
+    return config, eos_token_ids(SimpleNamespace(generation_config=generation), tokenizer)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -76,7 +76,8 @@ class ActorWorker(Worker):
         if s.rollout.engine == "vllm":
             # Before DeepSpeed allocates anything: on a GPU vLLM sizes its KV cache from the free
             # memory it sees at start-up, then sleeps and gives it all back until the first rollout.
-            rollout_engine = self._create_vllm(dtype, eos, tokenizer.pad_token_id, model.config)
+            rollout_engine = create_vllm(s, self.rank, self.world_size, self.device, dtype, eos,
+                                         tokenizer.pad_token_id, model.config)
         model.to(device=self.device, dtype=dtype)
         if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -131,17 +132,6 @@ class ActorWorker(Worker):
 
             model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"), strict=False)
         return model
-
-    def _create_vllm(self, dtype: torch.dtype, eos: list[int], pad_token_id: int, config):
-        s, r = self.spec, self.spec.rollout
-        return VLLMGenerator.create(
-            s.model.path, dtype=dtype, eos_token_ids=eos, pad_token_id=pad_token_id,
-            max_model_len=r.max_prompt_length + r.max_response_length,
-            batch_size=r.batch_size, tensor_parallel_size=r.tensor_parallel_size,
-            gpu_memory_utilization=r.gpu_memory_utilization, enforce_eager=r.enforce_eager,
-            trust_remote_code=s.model.trust_remote_code, seed=s.seed, rank=self.rank,
-            world_size=self.world_size, device=self.device, model_config=config,
-        )
 
     def _sync_done(self):
         """With ZeRO-3 over several ranks every forward is collective: decode in lockstep."""
@@ -392,3 +382,17 @@ class ActorWorker(Worker):
                 else:
                     module.save_pretrained(directory, safe_serialization=True)
                 self.tokenizer.save_pretrained(directory)
+
+
+def create_vllm(spec: ActorSpec, rank: int, world_size: int, device: torch.device, dtype: torch.dtype,
+                eos: list[int], pad_token_id: int, config) -> VLLMGenerator:
+    """A vLLM engine with the actor's settings on this rank (the actor's, or `workers/rollout.py`'s)."""
+    r = spec.rollout
+    return VLLMGenerator.create(
+        spec.model.path, dtype=dtype, eos_token_ids=eos, pad_token_id=pad_token_id,
+        max_model_len=r.max_prompt_length + r.max_response_length,
+        batch_size=r.batch_size, tensor_parallel_size=r.tensor_parallel_size,
+        gpu_memory_utilization=r.gpu_memory_utilization, enforce_eager=r.enforce_eager,
+        trust_remote_code=spec.model.trust_remote_code, seed=spec.seed, rank=rank,
+        world_size=world_size, device=device, model_config=config,
+    )

@@ -22,10 +22,12 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.groups.worker import Worker
-from hflow.engine.models.loading import load_tokenizer, resolve_dtype
+from hflow.engine.models.loading import config_and_eos, load_tokenizer, resolve_dtype
 from hflow.engine.rollout.generator_copy import GeneratorCopy
+from hflow.engine.rollout.vllm_copy import VLLMCopy
 from hflow.engine.rollout.rollout_batch import rollout_batch, sampling_for
 from hflow.engine.rollout.weight_sync import PackedBucket
+from hflow.engine.workers.actor import create_vllm
 from hflow.engine.workers.config import ActorSpec
 
 
@@ -34,18 +36,24 @@ class RolloutWorker(Worker):
         super().__init__(rank, world_size)
         self.spec = spec
         self.device = torch.device(device)
-        self.copy: GeneratorCopy | None = None
+        self.copy: GeneratorCopy | VLLMCopy | None = None
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, checkpoint: str | None = None) -> None:
         """Load the policy's architecture (`checkpoint` is unused: the first `load_weights` brings
-        the actor's weights, the checkpoint's when the run resumed)."""
-        m = self.spec.model
+        the actor's weights, the checkpoint's when the run resumed): an hf copy, or a vLLM engine
+        with `rollout.engine: vllm` (`rollout/vllm_copy.py`)."""
+        m, r = self.spec.model, self.spec.rollout
         ensure_process_group(self.device, self.rank, self.world_size)
         tokenizer = load_tokenizer(m.path, m.trust_remote_code)
         dtype = resolve_dtype(m.dtype, self.device)
+        if r.engine == "vllm":
+            config, eos = config_and_eos(m.path, tokenizer, m.trust_remote_code)
+            self.copy = VLLMCopy(create_vllm(self.spec, self.rank, self.world_size, self.device, dtype, eos,
+                                             tokenizer.pad_token_id, config))
+            return
         self.copy = GeneratorCopy(m.path, m.trust_remote_code, self.device, dtype, tokenizer,
-                                  self.spec.rollout.batch_size, self.spec.rollout.weight_bucket_mb << 20)
+                                  r.batch_size, r.weight_bucket_mb << 20)
 
     @register(Dispatch.ONE_TO_ALL)
     def load_weights(self, bucket: PackedBucket, version: int | None = None) -> None:

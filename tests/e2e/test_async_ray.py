@@ -41,13 +41,26 @@ def test_async_on_ray_generates_on_a_pool_of_its_own_and_learns_within_the_bound
 
 
 def test_max_staleness_0_on_ray_reproduces_the_synchronous_split_run(tmp_path, tiny_model):
+    _assert_staleness_0_is_sync(tmp_path, tiny_model, {"lr": 0.002, "micro_batch_size": 16, "mini_batch_size": 16})
+
+
+def test_async_with_vllm_on_its_own_pool_at_staleness_0_reproduces_the_synchronous_vllm_run(
+        tmp_path, tiny_model, real_vllm):
+    # The rollout worker's vLLM gets the weights bucket by bucket through the object store; with
+    # max_staleness 0 it samples what the actor's own (hybrid) vLLM samples in the sync run.
+    _assert_staleness_0_is_sync(tmp_path, tiny_model, {"lr": 0.002, "micro_batch_size": 16, "mini_batch_size": 16,
+                                                       "recompute_old_log_probs": True},
+                                rollout={"engine": "vllm", "n": 4, "max_response_length": 8})
+
+
+def _assert_staleness_0_is_sync(tmp_path: Path, model: Path, actor: dict, **sections) -> None:
+    """The same recipe on ray split pools, sync and async at max_staleness 0: the same events."""
     events = {}
     for mode in ("sync", "async"):
-        recipe = write_recipe(tmp_path / f"{mode}.yaml", tiny_model,
-                              actor={"lr": 0.002, "micro_batch_size": 16, "mini_batch_size": 16},
+        recipe = write_recipe(tmp_path / f"{mode}.yaml", model, actor=actor,
                               placement={"backend": "ray", "mode": "split"}, cluster={"cpu_slots": 2},
                               trainer={"total_steps": 3, "prompts_per_step": 8, "save_every": 0, "mode": mode,
-                                       "max_staleness": 0, "output_dir": str(tmp_path / mode)})
+                                       "max_staleness": 0, "output_dir": str(tmp_path / mode)}, **sections)
         _, events[mode] = train_run(recipe)
     for want, got in zip(events["sync"], events["async"], strict=True):
         compared = [k for k in want if not k.startswith(NOT_COMPARED)]

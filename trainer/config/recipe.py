@@ -209,9 +209,13 @@ class Recipe(BaseSettings):
             reason = ASYNC_UNSUPPORTED.get(self.algorithm, "its loop has no asynchronous rollout")
             raise ValueError(f"trainer.mode async does not run algorithm {self.algorithm}: {reason}; use "
                              f"trainer.mode: sync, or one of {', '.join(ASYNC_ALGORITHMS)}")
-        if self.rollout.engine != "hf":
-            raise ValueError("trainer.mode async generates with the hf engine only; set rollout.engine: hf "
-                             "or trainer.mode: sync")
+        if self.rollout.engine == "vllm" and self.placement.backend == "local":
+            raise ValueError("trainer.mode async with rollout.engine vllm generates on a pool of its own: set "
+                             "placement.backend: ray with placement.mode split (or rollout.engine: hf, whose "
+                             "generator copy also runs in one process)")
+        if self.rollout.engine == "vllm" and self.rollout.tensor_parallel_size > 1:
+            raise ValueError(f"trainer.mode async runs the vllm rollout with tensor_parallel_size 1 only (got "
+                             f"{self.rollout.tensor_parallel_size}); set rollout.tensor_parallel_size: 1")
         if self.rollout.env:
             raise ValueError(f"trainer.mode async runs single-turn rollouts only (its generator copy has no episode "
                              f"loop); drop rollout.env {self.rollout.env!r} or set trainer.mode: sync")

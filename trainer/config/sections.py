@@ -319,8 +319,8 @@ class TrainerConfig(Section):
         description="`sync`: each step generates, scores and then updates (barriers between them). `async`: "
         "a second copy of the policy produces the next steps' rollouts while the current step trains, within "
         "`max_staleness` (README, \"Asynchronous mode\"): a generator thread on the local backend, the "
-        "`rollout` role on a pool of its own on the ray backend; hf engine and the critic-free outcome "
-        "algorithms (grpo, gspo, rloo, reinforce_pp, reinforce_pp_baseline) only.",
+        "`rollout` role on a pool of its own on the ray backend (there also with rollout.engine: vllm); the "
+        "critic-free outcome algorithms (grpo, gspo, rloo, reinforce_pp, reinforce_pp_baseline) only.",
     )
     max_staleness: int = Field(
         1, ge=0,

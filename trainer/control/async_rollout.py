@@ -264,6 +264,10 @@ def rollouts(session) -> Iterator[SyncRollout | AsyncRollout]:
     if trainer.mode == "sync":
         yield SyncRollout(session)
         return
+    if not session.groups.get("rollout") and session.recipe.rollout.engine == "vllm":
+        raise UserError("trainer.mode async with rollout.engine vllm generates on a pool of its own, but this "
+                        "placement runs on one device (local backend); set placement.backend: ray with "
+                        "placement.mode split and at least 2 devices, or rollout.engine: hf")
     generator = RolloutGroup(session) if session.groups.get("rollout") else LocalGenerator(session)
     producer = AsyncRollout(session, trainer.max_staleness, generator)
     producer.start()
