@@ -14,7 +14,8 @@ The placements (`--configs`), all on the same `cluster.cpu_slots` (default 2):
   async-split  ray: the rollout role on one pool, the training roles on the other (async)
 A placement with `+stream` (e.g. `sync-split+stream`) also streams each step in chunks of
 `--stream` prompts (`rollout.stream_prompts`; README, "Streaming"): reference and reward start on
-a chunk while the next one generates.
+a chunk while the next one generates; each chunk is one decoding batch (`rollout.batch_size` =
+--stream x rollout.n), the others keep the recipe's batch size.
 Each round runs every placement once, in turn, so that all see the machine in the same state;
 all in this one process (each ray run starts and stops its own Ray instance). The same recipe,
 model, seeds and number of steps (so of samples) for all; the off-policy correction and every
@@ -56,7 +57,10 @@ def one_run(config: str, args, model: str, out: str) -> dict:
     base, streamed = config.removesuffix("+stream"), config.endswith("+stream")
     mode, placement = CONFIGS[base]
     if streamed:
-        placement = [*placement, f"rollout.stream_prompts={args.stream}"]
+        # Each chunk is one decoding batch (README, "Streaming"); the other placements keep the
+        # recipe's rollout.batch_size, so each is measured at its own best.
+        n = load_recipe(args.recipe, args.set)[0].rollout.n
+        placement = [*placement, f"rollout.stream_prompts={args.stream}", f"rollout.batch_size={args.stream * n}"]
     overrides = [f"model.path={model}", "model.init=null", f"trainer.mode={mode}",
                  f"trainer.max_staleness={args.max_staleness}", f"trainer.total_steps={args.steps}",
                  "trainer.save_every=0", "trainer.eval_every=0", "logging.progress=lines",
