@@ -1,6 +1,7 @@
 """The shipped quickstart, through the real CLI: the policy learns."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ def test_quickstart_learns(tmp_path):
     assert [e["step"] for e in events] == list(range(1, 61))
     for key in REQUIRED:
         assert all(key in e for e in events), key
+    if (os.cpu_count() or 1) > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # A 0.1M-parameter model runs on one thread (trainer/control/cpu_share.py).
+        assert all(e["cpu/threads"] == 1.0 for e in events)
     first = sum(e["reward/mean"] for e in events[:10]) / 10
     last = sum(e["reward/mean"] for e in events[-10:]) / 10
     assert last >= first + 0.2, (first, last)

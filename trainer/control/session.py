@@ -21,7 +21,9 @@ from hflow.engine.groups.dist import pick_device
 from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
 from hflow.errors import RunFailed, UserError
+from hflow.mapper.models import resolve_model
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.cpu_share import CpuShare
 from hflow.trainer.control.episode_stats import episode_metrics, episode_sample
 from hflow.trainer.control.evaluate import Evaluator
 from hflow.trainer.control.nonfinite import SKIPPED, check_update, finite, nonfinite_problem, scorer_name
@@ -53,6 +55,9 @@ class Session:
         self.groups: WorkerGroups = build_worker_groups(recipe, roles, self.device, run.ray_address)
         run.write_plan(self.groups.plan())
         _check_divisible(recipe, self.groups)
+        # Only where the workers compute in this process: a local run on the CPU.
+        self.cpu = CpuShare(_parameters(recipe), on=self.groups.backend == "local" and self.device.type == "cpu")
+        self.cpu_metrics: dict[str, float] = {}
         self.timings: dict[str, float] = {}
         self.start_step = 1
         self.progress = Progress(recipe.trainer.total_steps, recipe.logging.progress)
@@ -74,6 +79,7 @@ class Session:
             if exc is not None and not self._closed:
                 self.fail(self._last_step, failure_message(exc))
         finally:
+            self.cpu.restore()
             self.groups.shutdown()
 
     # --- set-up and resume ------------------------------------------------------------
@@ -119,6 +125,7 @@ class Session:
             self._log_baseline()
         for step in range(self.start_step, total + 1):
             self.timings = {}
+            self.cpu_metrics = self.cpu.before_step()
             self._step_started = time.perf_counter()
             yield step
 
@@ -210,6 +217,7 @@ class Session:
             # Stages on different pools overlap: report the time the workers spent in each.
             self.timings.update(self.groups.worker_stage_seconds())
         event.update({f"timing/{k}": v for k, v in self.timings.items()})
+        event.update(self.cpu_metrics)
         event["timing/step"] = elapsed
         event["throughput/tokens_per_s"] = float(view[col.ATTENTION_MASK].sum()) / elapsed
         if self._eval_due(step):
@@ -287,6 +295,14 @@ def failure_message(err: BaseException) -> str:
     if isinstance(err, (UserError, RunFailed)):  # a worker's error is a RunFailed
         return str(err)
     return f"{type(err).__name__}: {err}"
+
+
+def _parameters(recipe: Recipe) -> int | None:
+    """The actor's parameter count from its config (None when its shape is not known)."""
+    try:
+        return resolve_model(recipe.model.path, init=recipe.model.init).params()
+    except UserError:
+        return None
 
 
 def _check_divisible(recipe: Recipe, groups: WorkerGroups) -> None:
