@@ -16,7 +16,7 @@ EVAL = ["--set", "data.eval=synthetic:digits", "--set", "data.eval_size=8", "--s
         "--set", "eval.n=2", "--set", "eval.temperature=1.0"]
 EVAL_KEYS = {"eval/reward", "eval/accuracy", "eval/pass@2", "eval/response_length", "timing/eval"}
 # What changes between identical runs: wall-clock timings, throughput, memory.
-NOT_TRAINING = ("time", "timing/", "throughput/", "memory/", "eval/")
+NOT_TRAINING = ("time", "timing/", "throughput/", "memory/", "cpu/", "eval/")
 
 
 def _train(tmp_path: Path, tiny_model: Path, name: str, *extra: str) -> Path:
@@ -56,9 +56,9 @@ def test_resume_with_eval_is_exact(tmp_path, tiny_model):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = read_events(run)
     assert [e["step"] for e in again] == [0, 1, 2, 3, 4]  # step 0 is not evaluated again
-    strip = [{k: v for k, v in e.items() if not k.startswith(("time", "timing/", "throughput/", "memory/"))}
+    strip = [{k: v for k, v in e.items() if not k.startswith(("time", "timing/", "throughput/", "memory/", "cpu/"))}
              for e in whole]
-    assert [{k: v for k, v in e.items() if not k.startswith(("time", "timing/", "throughput/", "memory/"))}
+    assert [{k: v for k, v in e.items() if not k.startswith(("time", "timing/", "throughput/", "memory/", "cpu/"))}
             for e in again] == strip
 
 

@@ -12,7 +12,7 @@ from helpers import assert_recipe_error, train_run, write_recipe
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
 # What differs between runs of the same rows by design: wall-clock times, memory, async/*.
-NOT_COMPARED = ("time", "timing/", "throughput/", "memory/", "async/", "stream/reward_lead_s")
+NOT_COMPARED = ("time", "timing/", "throughput/", "memory/", "cpu/", "async/", "stream/reward_lead_s")
 
 
 def _streamed(tmp_path: Path, model: Path, name: str, steps: int, response_length: int = 8,

@@ -158,6 +158,7 @@ class AsyncRollout:
                     if self.stopping:
                         return
                     started = time.perf_counter()
+                    self.session.cpu.apply()  # this thread's share of the cores (cpu_share.py)
                     # Every chunk is sent under the lock: on Ray no refresh can come between them.
                     handles = [self.generator.submit(part) for part in
                                prompt_chunks(self.session.prompts(step), self.per_chunk)]

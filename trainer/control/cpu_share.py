@@ -13,10 +13,15 @@ many threads there are:
   thread, and a thread sharing a core with another process's runs a scheduler slice late:
   a 3.5M-parameter model's step took 3.2 s on two threads beside one busy process, 2.1 s on one.
 
+- **Two compute threads share the cores**: in async mode on the local backend the generator
+  thread samples while the controller's thread trains; each takes its half of the free cores
+  (the generator's calls `apply()` as each step's rollout starts), instead of two teams of
+  sleeping threads each waking on all of them.
+
 Off when the user chose a count (OMP_NUM_THREADS: theirs wins), when torch starts with one
-thread, and where /proc/stat cannot be read. A thread that is already running keeps the count
-it started with (async mode's generator thread); a streamed step's producer, started each step,
-takes the current one.
+thread, and where /proc/stat cannot be read. The count is each thread's own (OpenMP's), so a
+thread sets it for itself; a thread started later (a streamed step's producer) starts with the
+count its starter set last.
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ class CpuShare:
     """`before_step()` sets torch's thread count for the coming step and returns the step's
     `cpu/*` metrics; `restore()` puts back the count the process started with."""
 
-    def __init__(self, params: int | None, on: bool = True, environ: dict | None = None, stat_path: str = "/proc/stat",
-                 own_cpu_s: Callable[[], float] | None = None, wall_s: Callable[[], float] = time.monotonic):
+    def __init__(self, params: int | None, on: bool = True, compute_threads: int = 1, environ: dict | None = None,
+                 stat_path: str = "/proc/stat", own_cpu_s: Callable[[], float] | None = None,
+                 wall_s: Callable[[], float] = time.monotonic):
         env = os.environ if environ is None else environ
         self.base = torch.get_num_threads()
         self.small = params is not None and params < SMALL_MODEL_PARAMS
+        self.compute_threads = compute_threads
         self._stat = Path(stat_path)
         self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self._own = own_cpu_s or _own_cpu_seconds
@@ -48,7 +55,7 @@ class CpuShare:
         self._last = self._sample() if self.enabled else None
         if self._last is None:
             self.enabled = False
-        self.threads = self.base
+        self.threads = 1 if self.small else max(1, self.base // compute_threads)  # until the first step's look
 
     def before_step(self) -> dict[str, float]:
         """Choose and set the coming step's thread count; {} when the rules are off."""
@@ -59,11 +66,15 @@ class CpuShare:
             return {}
         others = _others_cores(self._last, now)
         self._last = now
-        free = len(self._cpus) - others
-        self.threads = 1 if self.small else max(1, min(self.base, int(free + 0.5)))
-        if torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
+        free = int(len(self._cpus) - others + 0.5)
+        self.threads = 1 if self.small else max(1, min(self.base, free // self.compute_threads))
+        self.apply()
         return {"cpu/threads": float(self.threads), "cpu/others_cores": round(others, 2)}
+
+    def apply(self) -> None:
+        """Give the calling thread the chosen count (a no-op when the rules are off)."""
+        if self.enabled and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
 
     def restore(self) -> None:
         if self.enabled and torch.get_num_threads() != self.base:

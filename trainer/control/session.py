@@ -56,7 +56,9 @@ class Session:
         run.write_plan(self.groups.plan())
         _check_divisible(recipe, self.groups)
         # Only where the workers compute in this process: a local run on the CPU.
-        self.cpu = CpuShare(_parameters(recipe), on=self.groups.backend == "local" and self.device.type == "cpu")
+        local_cpu = self.groups.backend == "local" and self.device.type == "cpu"
+        self.cpu = CpuShare(_parameters(recipe), on=local_cpu,
+                            compute_threads=2 if recipe.trainer.mode == "async" else 1)  # + generator thread
         self.cpu_metrics: dict[str, float] = {}
         self.timings: dict[str, float] = {}
         self.start_step = 1

@@ -12,6 +12,7 @@ from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.errors import RunFailed
 from hflow.trainer.control.async_rollout import AsyncRollout, LocalGenerator, RolloutGroup, staleness_metrics
+from hflow.trainer.control.cpu_share import CpuShare
 
 
 class FakeActor:
@@ -56,6 +57,7 @@ class FakeSession:
         self.pad_token_id = 0
         self.start_step = start_step
         self.timings: dict[str, float] = {}
+        self.cpu = CpuShare(params=None, on=False)
 
     def prompts(self, step: int) -> Batch:
         return Batch(meta={"step": step})

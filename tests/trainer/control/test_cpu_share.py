@@ -5,6 +5,7 @@ the arithmetic on a written /proc/stat, and one real check beside spinning proce
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -37,8 +38,8 @@ class FakeMachine:
         self.ticks += round((busy_cores + own_cores) * seconds * self.hz / n) * n
         self.write()
 
-    def share(self, params, environ=None, on=True):
-        return CpuShare(params, on=on, environ=environ or {}, stat_path=str(self.path),
+    def share(self, params, environ=None, on=True, compute_threads=1):
+        return CpuShare(params, on=on, compute_threads=compute_threads, environ=environ or {}, stat_path=str(self.path),
                         own_cpu_s=lambda: self.own, wall_s=lambda: self.now)
 
 
@@ -109,3 +110,30 @@ def test_beside_processes_spinning_on_every_core_the_next_step_runs_on_one_threa
     assert metrics["cpu/others_cores"] > len(CPUS) - 1  # about len(CPUS); the test process sleeps
     assert metrics["cpu/threads"] == 1.0 and torch.get_num_threads() == 1
     share.restore()
+
+
+@pytest.mark.skipif(len(CPUS) != 2, reason="the halves are worked out for two CPUs")
+def test_two_compute_threads_take_half_the_free_cores_each_and_set_their_own_count(tmp_path, two_threads):
+    """Async mode on the local backend: the generator thread and the controller's get one core
+    each; a thread's count is its own (OpenMP's), so the generator sets it with `apply()`."""
+    machine = FakeMachine(tmp_path / "stat")
+    share = machine.share(params=5 * SMALL_MODEL_PARAMS)
+    share_async = machine.share(params=5 * SMALL_MODEL_PARAMS, compute_threads=2)
+    assert share_async.threads == 1  # before the first look too: the generator may start first
+    machine.advance(1.0, busy_cores=0.0, own_cores=2.0)
+    assert share.before_step()["cpu/threads"] == 2.0
+    assert share_async.before_step()["cpu/threads"] == 1.0 and torch.get_num_threads() == 1
+    seen = []
+
+    def generator():
+        seen.append(torch.get_num_threads())  # started while the main thread had 1: inherits it
+        torch.set_num_threads(2)
+        share_async.apply()
+        seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=generator)
+    thread.start()
+    thread.join()
+    assert seen == [1, 1]
+    share_async.restore()
+    assert torch.get_num_threads() == 2
