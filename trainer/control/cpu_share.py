@@ -91,7 +91,7 @@ class CpuShare:
         seen = 0
         for line in lines:
             fields = line.split()
-            if fields and fields[0] in wanted and len(fields) >= 8:
+            if fields and fields[0] in wanted and len(fields) >= 9:
                 # user nice system idle iowait irq softirq steal: all but idle and iowait is busy
                 # (steal: the hypervisor gave the core to someone else).
                 ticks = [int(x) for x in fields[1:9]]
