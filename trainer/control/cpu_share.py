@@ -1,21 +1,21 @@
 """How many threads torch's CPU kernels use in a local run's process, chosen before each step.
 
 `cli/cpu_threads.py` makes idle OpenMP threads sleep at once, so that a busy machine cannot make
-them spin on cores they do not get. Two measured rules (README, "A busy machine") choose how
+them spin on cores they do not get. Three measured rules (README, "A busy machine") choose how
 many threads there are:
 
 - **A model under 1M parameters runs on one thread.** Its matrix products are too small to
   split, and each parallel region wakes a sleeping thread: on the 2-core development machine
-  the quickstart's step took 0.41 s on two threads and 0.17 s on one.
+  the tiny model's step (16 prompts x 4, 64 tokens) took 0.41 s on two threads, 0.17 s on one.
 - **Otherwise the process takes the cores other processes left free** during the previous
   step (the machine's busy time on the process's CPUs, less the process's own), at least one
   thread and at most the count it started with. A parallel region waits for its slowest
-  thread, and a thread sharing a core with another process's runs a scheduler slice late:
-  a 3.5M-parameter model's step took 3.2 s on two threads beside one busy process, 2.1 s on one.
-
+  thread, and a thread sharing a core with another process's runs a scheduler slice late: a
+  3.5M-parameter model's step beside one busy process took 3.2 s on two threads and 2.1 s on
+  one in one measurement, 2.33 s and 2.23 s in another (the machine's noise is large).
 - **Two compute threads share the cores**: in async mode on the local backend the generator
   thread samples while the controller's thread trains; each takes its half of the free cores
-  (the generator's calls `apply()` as each step's rollout starts), instead of two teams of
+  (the generator calls `apply()` as each step's rollout starts), instead of two teams of
   sleeping threads each waking on all of them.
 
 Off when the user chose a count (OMP_NUM_THREADS: theirs wins), when torch starts with one
