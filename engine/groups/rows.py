@@ -9,16 +9,10 @@ before any compute (`training/packing.py`), so a chunk's rows score the same eit
 
 from __future__ import annotations
 
-import torch
-
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.rollout.assembly import positions
-
-# Columns of width P + R (prompt and response), padded on both sides.
-SEQUENCE_COLUMNS = (col.INPUT_IDS, col.ATTENTION_MASK, col.POSITION_IDS)
-# Columns of width R whose padding is the pad token, not 0.
-TOKEN_COLUMNS = (col.RESPONSES,)
+from hflow.engine.training.packing import pad_rollout
 
 
 def widths(batch: Batch) -> tuple[int, int]:
@@ -28,23 +22,16 @@ def widths(batch: Batch) -> tuple[int, int]:
 
 
 def widen(batch: Batch, width_p: int, width_r: int, pad_token_id: int) -> Batch:
-    """`batch` padded to prompt width `width_p` and response width `width_r` (no narrower than it is)."""
+    """`batch` padded to prompt width `width_p` and response width `width_r` (no narrower than it
+    is) by `pad_rollout`, with the position ids counted again on the wider mask, as the generator
+    counts them."""
     own_p, own_r = widths(batch)
-    left, right = width_p - own_p, width_r - own_r
-    if left < 0 or right < 0:
+    if width_p < own_p or width_r < own_r:
         raise ValueError(f"cannot narrow a batch of widths ({own_p}, {own_r}) to ({width_p}, {width_r})")
-    if left == right == 0:
+    if (width_p, width_r) == (own_p, own_r):
         return batch
-    tensors = {}
-    for key, t in batch.tensors.items():
-        fill = pad_token_id if key in (col.INPUT_IDS, *TOKEN_COLUMNS) else 0
-        if key in SEQUENCE_COLUMNS:
-            tensors[key] = torch.nn.functional.pad(t, (left, right), value=fill)
-        elif t.dim() >= 2 and t.shape[1] == own_r:  # per-token columns: (N, R)
-            tensors[key] = torch.nn.functional.pad(t, (0, right), value=fill)
-        else:
-            tensors[key] = t
-    if col.POSITION_IDS in tensors:  # counted again on the wider mask, as the generator counts them
+    tensors = pad_rollout(dict(batch.tensors), width_p, width_r, pad_token_id)
+    if col.POSITION_IDS in tensors:
         tensors[col.POSITION_IDS] = positions(tensors[col.ATTENTION_MASK])
     return Batch(tensors, dict(batch.columns), dict(batch.meta))
 

@@ -38,7 +38,7 @@ from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.worker import computed
 from hflow.errors import RunFailed, UserError
-from hflow.trainer.control.streaming import join, on_thread, prompt_chunks
+from hflow.trainer.control.streaming import on_thread, prompt_chunks
 
 
 class SyncRollout:
@@ -210,10 +210,6 @@ class AsyncRollout:
         versions = torch.cat([chunk.select(col.POLICY_VERSION)[col.POLICY_VERSION] for chunk in chunks])
         self._step_metrics = {**staleness_metrics(Batch({col.POLICY_VERSION: versions}), step - 1, self.max_staleness),
                               "async/queue_depth": float(depth)}
-
-    def take(self, step: int):
-        """Step `step`'s whole rollout (its chunks joined)."""
-        return join(list(self.chunks(step)), self.session.pad_token_id)
 
     def trained(self, step: int) -> None:
         """Step `step` is trained (or skipped): the generator copy gets the new weights (after the

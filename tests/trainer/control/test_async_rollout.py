@@ -13,6 +13,12 @@ from hflow.engine.groups.batch import Batch
 from hflow.errors import RunFailed
 from hflow.trainer.control.async_rollout import AsyncRollout, LocalGenerator, RolloutGroup, staleness_metrics
 from hflow.trainer.control.cpu_share import CpuShare
+from hflow.trainer.control.streaming import join
+
+
+def take(producer: AsyncRollout, step: int):
+    """Step `step`'s whole rollout: its chunks, as the producer hands them out, joined."""
+    return join(list(producer.chunks(step)), producer.session.pad_token_id)
 
 
 class FakeActor:
@@ -97,7 +103,7 @@ def test_the_producer_runs_ahead_to_the_bound_and_each_step_trains_within_it(k):
         _wait_ready(producer, range(step, min(step + k, total) + 1))  # everything the bound allows now
         with producer.cond:
             assert max(producer.ready) <= step + k  # and nothing past it
-        producer.take(step)
+        take(producer, step)
         seen.append(producer.metrics()["async/staleness_max"])
         producer.trained(step)
     producer.stop(cancel=False)
@@ -119,10 +125,10 @@ def test_a_generator_failure_ends_the_step_with_one_line_naming_it():
     actor = FakeActor(fail_at=2)
     producer = _producer(actor, 4)
     producer.start()
-    producer.take(1)
+    take(producer, 1)
     producer.trained(1)
     with pytest.raises(RunFailed) as err:
-        producer.take(2)
+        take(producer, 2)
     assert str(err.value) == "the async rollout generator failed at step 2: RuntimeError: CUDA out of memory"
     producer.stop(cancel=False)
 
@@ -131,7 +137,7 @@ def test_a_run_that_ends_early_cancels_the_generation_in_progress_and_joins_the_
     actor = FakeActor(hang_at=2)
     producer = _producer(actor, 4)
     producer.start()
-    producer.take(1)
+    take(producer, 1)
     producer.stop(cancel=True)  # as when step 1's update fails: step 2 is being generated
     assert actor.cancelled.is_set() and not producer.thread.is_alive()
     assert producer.error is None  # the cancelled generation is not the run's error
@@ -213,13 +219,13 @@ def test_a_refresh_of_the_rollout_pool_sends_every_bucket_and_the_version_with_t
     producer.start()  # the first refresh: version 0
     _wait_ready(producer, range(1, 3))
     assert pool.loads == [("bucket1", None), ("bucket2", None), ("bucket3", 0)]
-    producer.take(1)
+    take(producer, 1)
     producer.trained(1)
     assert pool.loads[3:] == [("bucket4", None), ("bucket5", None), ("bucket6", 1)]
     _wait_ready(producer, range(3, 4))
-    producer.take(2)
+    take(producer, 2)
     producer.trained(2)
-    producer.take(3)
+    take(producer, 3)
     producer.stop(cancel=False)
     assert pool.generated == {1: 0, 2: 0, 3: 1}  # one step ahead: step 3 waited for version 1
 
@@ -227,7 +233,7 @@ def test_a_refresh_of_the_rollout_pool_sends_every_bucket_and_the_version_with_t
 def test_the_rollout_pool_s_producer_stops_at_once_while_a_generation_never_ends():
     producer = _ray_producer(FakeRolloutPool(never_done_at=2), 4)
     producer.start()
-    producer.take(1)
+    take(producer, 1)
     producer.stop(cancel=True)
     assert not producer.thread.is_alive() and producer.error is None
 
@@ -237,7 +243,7 @@ def test_a_rollout_pool_that_never_answers_ends_the_run_at_the_watchdog():
     producer.start()
     with pytest.raises(RunFailed, match=r"rollout worker failed: no answer to generate within 0.5 s "
                                         r"\(trainer.worker_timeout_s\)"):
-        producer.take(1)
+        take(producer, 1)
     producer.stop(cancel=True)
 
 
