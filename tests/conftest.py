@@ -17,6 +17,23 @@ REPO = Path(__file__).resolve().parent.parent
 from fake_runs import event_line, run_factory  # noqa: E402,F401  (fixtures for the monitor and run readers)
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist (`make test` runs two workers) each worker hands its count to the
+    controller, which prints the sum."""
+    from helpers import BAD_INPUTS
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["bad_inputs"] = dict(BAD_INPUTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from helpers import BAD_INPUTS
+
+    for key, count in getattr(node, "workeroutput", {}).get("bad_inputs", {}).items():
+        BAD_INPUTS[key] += count
+
+
 def pytest_terminal_summary(terminalreporter):
     from helpers import BAD_INPUTS
 
