@@ -5,7 +5,7 @@ samples, and each placement's bubble.
                                        [--configs sync-local,sync-split,async-local,async-split]
                                        [--stream K]
                                        [--size tiny|small|medium] [--model DIR] [--max-staleness 1]
-                                       [--set KEY=VALUE ...]
+                                       [--set KEY=VALUE ...] [--bound]
 
 The placements (`--configs`), all on the same `cluster.cpu_slots` (default 2):
   sync-local   one process, every role colocated (torch's own thread count)
@@ -28,6 +28,14 @@ the share of the pools' time spent idle, 1 - busy / (pools x step time). Busy is
 times of each pool (sync; on ray the workers' own measure) or the generator's and the
 trainer's busy seconds (async, `async/*_busy_s`). Without --model a Llama of --size is built
 in a temporary directory (the character tokenizer).
+
+--bound also runs sync-local on one thread each round and prints two ceilings of async mode on
+these cores, from that run's stage times: "one core each", the generator and the trainer each
+on one core overlapping perfectly (a step takes max(generate, everything else)); and "any
+schedule", all of the step's work packed on the cores at its one-thread speed (a step takes
+the sum over cores), which no overlap of the same work can beat while one thread is a core's
+most efficient use (memory bandwidth and caches shared by the two sides are ignored by both).
+On shared cores async mode gains only what a stage loses by running on several threads.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+
+import torch
 
 from hflow.cli.quiet import quiet_libraries
 from hflow.engine.models.loading import build_tiny_model
@@ -53,7 +63,23 @@ WARM_UP = 2  # steps left out of the throughput: start-up, and nothing to overla
 NOT_WORK = ("step", "wait_rollout", "refresh_generator", "eval", "checkpoint", "export")
 
 
-def one_run(config: str, args, model: str, out: str) -> dict:
+def one_thread_run(args, model: str, out: str) -> dict:
+    """sync-local on one thread: its tokens/s, and the ceiling of overlapping its generation
+    with the rest of its step on two cores (see --bound in the module docstring)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # cpu_share leaves a one-thread start alone
+    try:
+        run = one_run("sync-local", args, model, out, events_too=True)
+    finally:
+        torch.set_num_threads(threads)
+    events = run.pop("events")
+    tokens = sum(e["throughput/tokens_per_s"] * e["timing/step"] for e in events)
+    overlapped = sum(max(e["timing/generate"], e["timing/step"] - e["timing/generate"]) for e in events)
+    packed = sum(e["timing/step"] for e in events) / args.slots
+    return {**run, "one core each": tokens / overlapped, "any schedule": tokens / packed}
+
+
+def one_run(config: str, args, model: str, out: str, events_too: bool = False) -> dict:
     base, streamed = config.removesuffix("+stream"), config.endswith("+stream")
     mode, placement = CONFIGS[base]
     if streamed:
@@ -80,7 +106,8 @@ def one_run(config: str, args, model: str, out: str) -> dict:
     tokens = sum(e["throughput/tokens_per_s"] * e["timing/step"] for e in events)
     last = run.events()[-max(1, args.steps // 4):]
     return {"tokens_per_s": tokens / wall, "reward": statistics.mean(e["reward/mean"] for e in last),
-            "bubble": 1 - sum(busy_s(e, mode) for e in events) / (pools * wall)}
+            "bubble": 1 - sum(busy_s(e, mode) for e in events) / (pools * wall),
+            **({"events": events} if events_too else {})}
 
 
 def busy_s(event: dict, mode: str) -> float:
@@ -103,6 +130,8 @@ def main() -> None:
     parser.add_argument("--size", default="tiny", help="the Llama built without --model: tiny, small, medium")
     parser.add_argument("--model", help="a model directory (default: a Llama of --size built here)")
     parser.add_argument("--set", action="append", default=[], help="a recipe override for every run")
+    parser.add_argument("--bound", action="store_true",
+                        help="also run sync-local on one thread and print async mode's ceiling on these cores")
     args = parser.parse_args()
     configs = args.configs.split(",")
     unknown = [c for c in configs if c.removesuffix("+stream") not in CONFIGS]
@@ -117,6 +146,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for config in configs:
                 rows[config].append(one_run(config, args, model, tmp))
+            if args.bound:
+                rows.setdefault("sync-local/1thread", []).append(one_thread_run(args, model, tmp))
     report(rows, args)
 
 
@@ -131,13 +162,20 @@ def report(rows: dict[str, list[dict]], args) -> None:
         print(f"{config:<20}{by_round:>30}{medians[config]:>9.0f}"
               f"{statistics.mean(r['reward'] for r in runs):>8.3f}"
               f"{statistics.mean(r['bubble'] for r in runs):>8.2f}")
-    sync = {c: m for c, m in medians.items() if c.startswith("sync")}
+    sync = {c: m for c, m in medians.items() if c.startswith("sync") and "/" not in c}
     async_ = {c: m for c, m in medians.items() if c.startswith("async")}
     if sync and async_:
         best_sync, best_async = max(sync, key=sync.get), max(async_, key=async_.get)
         per_round = [a["tokens_per_s"] / s["tokens_per_s"] for a, s in zip(rows[best_async], rows[best_sync])]
         print(f"best async ({best_async}) / best sync ({best_sync}): {async_[best_async] / sync[best_sync]:.2f}x "
               f"(by round: {' '.join(f'{r:.2f}x' for r in per_round)})")
+    if "sync-local/1thread" in rows and sync:
+        best_sync = max(sync, key=sync.get)
+        for kind in ("one core each", "any schedule"):
+            ceilings = [r[kind] / s["tokens_per_s"] for r, s in zip(rows["sync-local/1thread"], rows[best_sync])]
+            ceiling = statistics.median(r[kind] for r in rows["sync-local/1thread"])
+            print(f"async ceiling on {args.slots} cores, {kind}: {ceiling:.0f} tok/s, {ceiling / sync[best_sync]:.2f}x "
+                  f"best sync (by round: {' '.join(f'{c:.2f}x' for c in ceilings)})")
 
 
 if __name__ == "__main__":
