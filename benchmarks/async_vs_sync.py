@@ -61,6 +61,7 @@ CONFIGS = {
 }
 WARM_UP = 2  # steps left out of the throughput: start-up, and nothing to overlap yet
 NOT_WORK = ("step", "wait_rollout", "refresh_generator", "eval", "checkpoint", "export")
+ONE_THREAD = "sync-local/1thread"  # --bound's run
 
 
 def one_thread_run(args, model: str, out: str) -> dict:
@@ -69,17 +70,18 @@ def one_thread_run(args, model: str, out: str) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # cpu_share leaves a one-thread start alone
     try:
-        run = one_run("sync-local", args, model, out, events_too=True)
+        run = one_run("sync-local", args, model, out)
     finally:
         torch.set_num_threads(threads)
-    events = run.pop("events")
-    tokens = sum(e["throughput/tokens_per_s"] * e["timing/step"] for e in events)
+    events = run["events"]
+    wall = sum(e["timing/step"] for e in events)
     overlapped = sum(max(e["timing/generate"], e["timing/step"] - e["timing/generate"]) for e in events)
-    packed = sum(e["timing/step"] for e in events) / args.slots
-    return {**run, "one core each": tokens / overlapped, "any schedule": tokens / packed}
+    # Tokens over the time each schedule would take: max(...) per step, or the work over the cores.
+    return {**run, "one core each": run["tokens_per_s"] * wall / overlapped,
+            "any schedule": run["tokens_per_s"] * args.slots}
 
 
-def one_run(config: str, args, model: str, out: str, events_too: bool = False) -> dict:
+def one_run(config: str, args, model: str, out: str) -> dict:
     base, streamed = config.removesuffix("+stream"), config.endswith("+stream")
     mode, placement = CONFIGS[base]
     if streamed:
@@ -106,8 +108,7 @@ def one_run(config: str, args, model: str, out: str, events_too: bool = False) -
     tokens = sum(e["throughput/tokens_per_s"] * e["timing/step"] for e in events)
     last = run.events()[-max(1, args.steps // 4):]
     return {"tokens_per_s": tokens / wall, "reward": statistics.mean(e["reward/mean"] for e in last),
-            "bubble": 1 - sum(busy_s(e, mode) for e in events) / (pools * wall),
-            **({"events": events} if events_too else {})}
+            "bubble": 1 - sum(busy_s(e, mode) for e in events) / (pools * wall), "events": events}
 
 
 def busy_s(event: dict, mode: str) -> float:
@@ -147,7 +148,7 @@ def main() -> None:
             for config in configs:
                 rows[config].append(one_run(config, args, model, tmp))
             if args.bound:
-                rows.setdefault("sync-local/1thread", []).append(one_thread_run(args, model, tmp))
+                rows.setdefault(ONE_THREAD, []).append(one_thread_run(args, model, tmp))
     report(rows, args)
 
 
@@ -162,18 +163,18 @@ def report(rows: dict[str, list[dict]], args) -> None:
         print(f"{config:<20}{by_round:>30}{medians[config]:>9.0f}"
               f"{statistics.mean(r['reward'] for r in runs):>8.3f}"
               f"{statistics.mean(r['bubble'] for r in runs):>8.2f}")
-    sync = {c: m for c, m in medians.items() if c.startswith("sync") and "/" not in c}
+    sync = {c: m for c, m in medians.items() if c.startswith("sync") and c != ONE_THREAD}
     async_ = {c: m for c, m in medians.items() if c.startswith("async")}
     if sync and async_:
         best_sync, best_async = max(sync, key=sync.get), max(async_, key=async_.get)
         per_round = [a["tokens_per_s"] / s["tokens_per_s"] for a, s in zip(rows[best_async], rows[best_sync])]
         print(f"best async ({best_async}) / best sync ({best_sync}): {async_[best_async] / sync[best_sync]:.2f}x "
               f"(by round: {' '.join(f'{r:.2f}x' for r in per_round)})")
-    if "sync-local/1thread" in rows and sync:
+    if ONE_THREAD in rows and sync:
         best_sync = max(sync, key=sync.get)
         for kind in ("one core each", "any schedule"):
-            ceilings = [r[kind] / s["tokens_per_s"] for r, s in zip(rows["sync-local/1thread"], rows[best_sync])]
-            ceiling = statistics.median(r[kind] for r in rows["sync-local/1thread"])
+            ceilings = [r[kind] / s["tokens_per_s"] for r, s in zip(rows[ONE_THREAD], rows[best_sync])]
+            ceiling = statistics.median(r[kind] for r in rows[ONE_THREAD])
             print(f"async ceiling on {args.slots} cores, {kind}: {ceiling:.0f} tok/s, {ceiling / sync[best_sync]:.2f}x "
                   f"best sync (by round: {' '.join(f'{c:.2f}x' for c in ceilings)})")
 

@@ -52,6 +52,10 @@ def assert_same_adam_step(got: dict, want: dict, lr: float, close: float = 1e-4)
         assert int((diff > close).sum()) <= max(1, diff.numel() // 1000), f"{name}: many elements differ"
 
 
+# Event keys that differ between two runs of the same rows: wall-clock times, throughput, memory,
+# and the thread count chosen from the machine's load (`cpu/*`).
+RUN_VARYING = ("time", "timing/", "throughput/", "memory/", "cpu/")
+
 BAD_INPUTS = {"tried": 0, "clean": 0}  # counted over the session; conftest prints them
 
 

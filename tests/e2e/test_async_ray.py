@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import finished_run, read_events, run_hflow, train_run, write_recipe
+from helpers import RUN_VARYING, finished_run, read_events, run_hflow, train_run, write_recipe
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ TESTS = Path(__file__).resolve().parents[1]
 RAY_ENV = {"RAY_AUTH_MODE": "disabled",  # workers import the test reward functions from tests/
            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
 SPLIT = ["--set", "placement.backend=ray", "--set", "placement.mode=split", "--set", "cluster.cpu_slots=2"]
-NOT_COMPARED = ("time", "timing/", "throughput/", "memory/", "cpu/", "async/")  # as tests/e2e/test_async.py
+NOT_COMPARED = (*RUN_VARYING, "async/")
 
 
 def test_async_on_ray_generates_on_a_pool_of_its_own_and_learns_within_the_bound(tmp_path):

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, read_events, run_hflow
+from helpers import RUN_VARYING, assert_one_line_error, read_events, run_hflow
 
 QUICK = ["--set", "trainer.total_steps=4", "--set", "trainer.save_every=2", "--set", "logging.progress=lines"]
 EVAL = ["--set", "data.eval=synthetic:digits", "--set", "data.eval_size=8", "--set", "trainer.eval_every=3",
         # sampled, several per prompt: evaluation must not touch the rollout's random stream either
         "--set", "eval.n=2", "--set", "eval.temperature=1.0"]
 EVAL_KEYS = {"eval/reward", "eval/accuracy", "eval/pass@2", "eval/response_length", "timing/eval"}
-# What changes between identical runs: wall-clock timings, throughput, memory.
-NOT_TRAINING = ("time", "timing/", "throughput/", "memory/", "cpu/", "eval/")
+# What changes between identical runs (helpers.RUN_VARYING), and the evaluation's own keys.
+NOT_TRAINING = (*RUN_VARYING, "eval/")
 
 
 def _train(tmp_path: Path, tiny_model: Path, name: str, *extra: str) -> Path:
@@ -56,10 +56,8 @@ def test_resume_with_eval_is_exact(tmp_path, tiny_model):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = read_events(run)
     assert [e["step"] for e in again] == [0, 1, 2, 3, 4]  # step 0 is not evaluated again
-    strip = [{k: v for k, v in e.items() if not k.startswith(("time", "timing/", "throughput/", "memory/", "cpu/"))}
-             for e in whole]
-    assert [{k: v for k, v in e.items() if not k.startswith(("time", "timing/", "throughput/", "memory/", "cpu/"))}
-            for e in again] == strip
+    strip = [{k: v for k, v in e.items() if not k.startswith(RUN_VARYING)} for e in whole]
+    assert [{k: v for k, v in e.items() if not k.startswith(RUN_VARYING)} for e in again] == strip
 
 
 @pytest.mark.slow

@@ -7,12 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import assert_recipe_error, train_run, write_recipe
+from helpers import RUN_VARYING, assert_recipe_error, train_run, write_recipe
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
 # What differs between runs of the same rows by design: wall-clock times, memory, async/*.
-NOT_COMPARED = ("time", "timing/", "throughput/", "memory/", "cpu/", "async/", "stream/reward_lead_s")
+NOT_COMPARED = (*RUN_VARYING, "async/", "stream/reward_lead_s")
 
 
 def _streamed(tmp_path: Path, model: Path, name: str, steps: int, response_length: int = 8,

@@ -55,7 +55,7 @@ class CpuShare:
         self._last = self._sample() if self.enabled else None
         if self._last is None:
             self.enabled = False
-        self.threads = 1 if self.small else max(1, self.base // compute_threads)  # until the first step's look
+        self.threads = self._share(self.base)  # until the first step's look: all cores free
 
     def before_step(self) -> dict[str, float]:
         """Choose and set the coming step's thread count; {} when the rules are off."""
@@ -66,8 +66,7 @@ class CpuShare:
             return {}
         others = _others_cores(self._last, now)
         self._last = now
-        free = int(len(self._cpus) - others + 0.5)
-        self.threads = 1 if self.small else max(1, min(self.base, free // self.compute_threads))
+        self.threads = self._share(int(len(self._cpus) - others + 0.5))
         self.apply()
         return {"cpu/threads": float(self.threads), "cpu/others_cores": round(others, 2)}
 
@@ -75,6 +74,10 @@ class CpuShare:
         """Give the calling thread the chosen count (a no-op when the rules are off)."""
         if self.enabled and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
+
+    def _share(self, free_cores: int) -> int:
+        """Each compute thread's count: its part of `free_cores`, at least 1 and at most `base`."""
+        return 1 if self.small else max(1, min(self.base, free_cores // self.compute_threads))
 
     def restore(self) -> None:
         if self.enabled and torch.get_num_threads() != self.base:
