@@ -15,7 +15,9 @@ The placements (`--configs`), all on the same `cluster.cpu_slots` (default 2):
 A placement with `+stream` (e.g. `sync-split+stream`) also streams each step in chunks of
 `--stream` prompts (`rollout.stream_prompts`; README, "Streaming"): reference and reward start on
 a chunk while the next one generates; each chunk is one decoding batch (`rollout.batch_size` =
---stream x rollout.n), the others keep the recipe's batch size.
+--stream x rollout.n), the others keep the recipe's batch size. An async placement with
+`+updates` streams the same way and also trains each actor mini-batch as soon as it is scored
+(`trainer.stream_updates`; the recipe's actor.mini_batch_size must be a multiple of a chunk).
 Each round runs every placement once, in turn, so that all see the machine in the same state;
 all in this one process (each ray run starts and stops its own Ray instance). The same recipe,
 model, seeds and number of steps (so of samples) for all; the off-policy correction and every
@@ -82,9 +84,11 @@ def one_thread_run(args, model: str, out: str) -> dict:
 
 
 def one_run(config: str, args, model: str, out: str) -> dict:
-    base, streamed = config.removesuffix("+stream"), config.endswith("+stream")
+    base, *flags = config.split("+")
     mode, placement = CONFIGS[base]
-    if streamed:
+    if "updates" in flags:
+        placement = [*placement, "trainer.stream_updates=true"]
+    if flags:
         # Each chunk is one decoding batch (README, "Streaming"); the other placements keep the
         # recipe's rollout.batch_size, so each is measured at its own best.
         n = load_recipe(args.recipe, args.set)[0].rollout.n
@@ -118,13 +122,20 @@ def busy_s(event: dict, mode: str) -> float:
     return sum(v for k, v in event.items() if k.startswith("timing/") and k[7:] not in NOT_WORK)
 
 
+def known(config: str) -> bool:
+    base, *flags = config.split("+")
+    allowed = {"stream", "updates"} if base.startswith("async") else {"stream"}
+    return base in CONFIGS and set(flags) <= allowed and len(set(flags)) == len(flags)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", default="grpo/tiny_async")
     parser.add_argument("--steps", type=int, default=20, help=f"RL steps per run (more than {WARM_UP})")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--configs", default=",".join(CONFIGS),
-                        help=f"comma-separated: {', '.join(CONFIGS)}, each optionally with +stream")
+                        help=f"comma-separated: {', '.join(CONFIGS)}, each optionally with +stream "
+                        "(async ones also with +updates)")
     parser.add_argument("--stream", type=int, default=4, help="prompts per chunk of the +stream placements")
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--slots", type=int, default=2, help="cluster.cpu_slots of the ray placements")
@@ -135,9 +146,10 @@ def main() -> None:
                         help="also run sync-local on one thread and print async mode's ceiling on these cores")
     args = parser.parse_args()
     configs = args.configs.split(",")
-    unknown = [c for c in configs if c.removesuffix("+stream") not in CONFIGS]
+    unknown = [c for c in configs if not known(c)]
     if unknown:
-        parser.error(f"--configs: unknown {', '.join(unknown)}; accepted: {', '.join(CONFIGS)}")
+        parser.error(f"--configs: unknown {', '.join(unknown)}; accepted: {', '.join(CONFIGS)}, each with +stream, "
+                     "async ones also with +updates")
     if args.steps <= WARM_UP:
         parser.error(f"--steps must be more than {WARM_UP} (the first steps are left out as warm-up)")
     quiet_libraries()

@@ -262,31 +262,32 @@ class ActorWorker(Worker):
         return Batch({col.REF_LOG_PROBS: log_probs.cpu()})
 
     @register(Dispatch.DP_COMPUTE)
-    def update_actor(self, batch: Batch) -> dict[str, float]:
-        """Policy update (every algorithm): epochs x mini-batches, each one optimizer step."""
+    def update_actor(self, batch: Batch, first_mini_batch: int = 0) -> dict[str, float]:
+        """Policy update: epochs x mini-batches, each one optimizer step (`trainer.stream_updates`: one
+        call per mini-batch, numbered from `first_mini_batch`, so its dropout seeds are the same)."""
         o, kl = self.spec.optim, self.spec.kl
         local_mini = o.mini_batch_size // self.world_size
         use_kl = kl.coef > 0 and not kl.in_reward and col.REF_LOG_PROBS in batch
         sums: dict[str, list[float]] = {}
         trained = 0  # tokens through forward and backward on this rank (for FLOP/s)
         self.phases.to_train()
-        seed_update(self.spec.seed, "actor-update", int(batch.meta.get("step", 0)), self.rank)
-        for _ in range(o.epochs):
-            for mini in batch.split(local_mini):
-                tokens = self._loss_divisor(mini[col.RESPONSE_MASK])
-                micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens,
-                                       self.world_size, self.device,
-                                       share_prompts=not self.spec.model.gradient_checkpointing)
-                micro_stats = []
-                for i, micro in enumerate(micros):
-                    self.train_engine.set_boundary(i == len(micros) - 1)
-                    micro_stats.append(self._micro_step(micro.to(self.device), tokens, use_kl))
-                    trained += int(micro[col.ATTENTION_MASK].sum())
-                for k in micro_stats[-1]:
-                    values = [s[k] for s in micro_stats if k in s]
-                    # Losses are already shares of the mini-batch mean: they add up.
-                    summed = k in ("loss", "pg_loss", "ptx_loss")
-                    sums.setdefault(k, []).append(sum(values) if summed else sum(values) / len(values))
+        step, minis = int(batch.meta.get("step", 0)), [m for _ in range(o.epochs) for m in batch.split(local_mini)]
+        for index, mini in enumerate(minis, first_mini_batch):
+            seed_update(self.spec.seed, "actor-update", step, self.rank, index)
+            tokens = self._loss_divisor(mini[col.RESPONSE_MASK])
+            micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens,
+                                   self.world_size, self.device,
+                                   share_prompts=not self.spec.model.gradient_checkpointing)
+            micro_stats = []
+            for i, micro in enumerate(micros):
+                self.train_engine.set_boundary(i == len(micros) - 1)
+                micro_stats.append(self._micro_step(micro.to(self.device), tokens, use_kl))
+                trained += int(micro[col.ATTENTION_MASK].sum())
+            for k in micro_stats[-1]:
+                values = [s[k] for s in micro_stats if k in s]
+                # Losses are already shares of the mini-batch mean: they add up.
+                summed = k in ("loss", "pg_loss", "ptx_loss")
+                sums.setdefault(k, []).append(sum(values) if summed else sum(values) / len(values))
         metrics = {f"actor/{k}": sum(v) / len(v) for k, v in sums.items() if k != "grad_norm"}
         metrics["actor/grad_norm"] = sum(sums["grad_norm"]) / len(sums["grad_norm"])
         metrics["actor/lr"] = self.train_engine.lr

@@ -18,6 +18,7 @@ from hflow.trainer import advantages
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.async_rollout import rollouts
 from hflow.trainer.control.session import Session
+from hflow.trainer.control.streamed_update import train_streamed
 from hflow.trainer.losses import kl_estimate
 from hflow.trainer.rundir.writer import RunDir
 
@@ -29,7 +30,8 @@ def train(recipe: Recipe, run: RunDir) -> None:
 def run_outcome_loop(recipe: Recipe, run: RunDir, compute: Callable[[Batch, Recipe], Batch]) -> None:
     """Generate, score, `compute` the advantages, update the actor: the loop of the critic-free
     algorithms with one reward per response (GRPO, GSPO, RLOO, REINFORCE++). With `trainer.mode:
-    async` the rollouts come from a generator running ahead (`control/async_rollout.py`)."""
+    async` the rollouts come from a generator running ahead (`control/async_rollout.py`), and with
+    `trainer.stream_updates` each mini-batch trains as soon as it is scored (`control/streamed_update.py`)."""
     roles = recipe.algorithm_spec.roles_for(recipe.uses_reference)
     with Session(recipe, run, roles) as session:
         session.init_workers()
@@ -37,6 +39,11 @@ def run_outcome_loop(recipe: Recipe, run: RunDir, compute: Callable[[Batch, Reci
 
         with rollouts(session) as rollout:
             for step in session.steps():
+                if recipe.trainer.stream_updates:  # each mini-batch trains as it completes
+                    batch, metrics, streamed = train_streamed(session, rollout.chunks(step), reward, compute, step)
+                    rollout.trained(step)
+                    session.end_step(step, batch, metrics, streamed, rollout.metrics())
+                    continue
                 # Generation, reference and reward stream chunk by chunk (`control/streaming.py`).
                 batch, streamed = session.score_stream(rollout.chunks(step), reward)
                 batch = session.old_log_probs(batch)

@@ -64,6 +64,9 @@ MODEL_KEYS = {
 
 # trainer.mode async runs the critic-free outcome loop (`grpo.run_outcome_loop`); why the others do not.
 ASYNC_ALGORITHMS = ("grpo", "gspo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+# trainer.stream_updates trains a mini-batch before the step is whole: its advantages must need
+# no row outside the mini-batch's own prompt groups.
+STREAM_UPDATE_ALGORITHMS = ("grpo", "gspo", "rloo")
 ASYNC_UNSUPPORTED = {
     "ppo": "its critic trains on the same rollouts and the value targets would go stale with them",
     "safe_rlhf": "its critics and Lagrange multiplier train on the same rollouts",
@@ -223,6 +226,32 @@ class Recipe(BaseSettings):
             raise ValueError("trainer.mode async on the ray backend generates on a pool of its own, but "
                              "placement.mode colocate puts every role on one pool; use placement.mode split or "
                              "standalone, or explicit with rollout on a pool of its own (or placement.backend: local)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_stream_updates(self) -> "Recipe":
+        """What `trainer.stream_updates` runs with (see `trainer/control/streamed_update.py`)."""
+        if not self.trainer.stream_updates:
+            return self
+        if self.trainer.mode != "async":
+            raise ValueError("trainer.stream_updates trains while the rest of the step generates, which needs a "
+                             "generator of its own: set trainer.mode: async (or trainer.stream_updates: false)")
+        if self.algorithm not in STREAM_UPDATE_ALGORITHMS:
+            raise ValueError(f"trainer.stream_updates does not run algorithm {self.algorithm}: a mini-batch trains "
+                             "before the step is whole, so its advantages may only use its own prompt groups "
+                             f"({', '.join(STREAM_UPDATE_ALGORITHMS)}); set trainer.stream_updates: false")
+        chunk = self.rollout.stream_prompts * self.rollout.n
+        if not chunk:
+            raise ValueError("trainer.stream_updates needs rollout.stream_prompts > 0: without chunks the first "
+                             "mini-batch is ready only when the whole step is")
+        if self.actor.epochs != 1:
+            raise ValueError(f"trainer.stream_updates trains each mini-batch once, as it arrives; actor.epochs="
+                             f"{self.actor.epochs} needs the whole step: set actor.epochs: 1")
+        mini = self.mini_batch_size
+        if mini % chunk or mini >= self.sequences_per_step:
+            raise ValueError(f"trainer.stream_updates needs actor.mini_batch_size ({mini}) to be a multiple of a "
+                             f"chunk's {chunk} rows (rollout.stream_prompts x rollout.n) and below the step's "
+                             f"{self.sequences_per_step}, so that a mini-batch completes before the step does")
         return self
 
     def role_models(self) -> dict[str, str]:

@@ -329,6 +329,13 @@ class TrainerConfig(Section):
         "u - v <= max_staleness; 0 waits for every update (the synchronous run, exactly); 1 is one-step "
         "off-policy (verl). The generator copy is refreshed after every update.",
     )
+    stream_updates: bool = Field(
+        False,
+        description="async mode: train each actor mini-batch as soon as its rows are scored, while the rest of the "
+        "step generates (README, \"Streaming\"); its old log-probs come from the weights just before its own "
+        "update. Needs rollout.stream_prompts, actor.epochs 1, and actor.mini_batch_size a multiple of "
+        "stream_prompts x rollout.n below the step's; grpo, gspo and rloo.",
+    )
     prompts_per_step: int = Field(16, gt=0, description="Prompts drawn per step.")
     save_every: int = Field(
         50, ge=0, description="Checkpoint every this many steps (and always at the end); 0: only at the end."

@@ -187,9 +187,9 @@ class AsyncRollout:
                 self.cond.notify_all()
 
     def chunks(self, step: int) -> Iterator:
-        """Step `step`'s rollout, chunk by chunk as the producer finishes each; once all are taken,
-        every row's staleness is checked against the bound."""
-        taken = 0
+        """Step `step`'s rollout, chunk by chunk as the producer finishes each; every row's staleness
+        is checked against the bound before its chunk is handed over."""
+        taken, versions = 0, []
         while True:
             with self.session.stage("wait_rollout"), self.cond:
                 self.cond.wait_for(lambda: len(self.ready.get(step, ())) > taken or step in self.complete
@@ -201,14 +201,17 @@ class AsyncRollout:
                 depth = len(self.ready)
             for chunk in new:
                 taken += 1
+                rows = chunk.select(col.POLICY_VERSION)
+                staleness_metrics(rows, step - 1, self.max_staleness)  # raises past the bound
+                versions.append(rows[col.POLICY_VERSION])
                 yield chunk
             if done:
                 break
         with self.cond:
-            chunks = self.ready.pop(step)
+            self.ready.pop(step)
             self.complete.discard(step)
-        versions = torch.cat([chunk.select(col.POLICY_VERSION)[col.POLICY_VERSION] for chunk in chunks])
-        self._step_metrics = {**staleness_metrics(Batch({col.POLICY_VERSION: versions}), step - 1, self.max_staleness),
+        self._step_metrics = {**staleness_metrics(Batch({col.POLICY_VERSION: torch.cat(versions)}), step - 1,
+                                                  self.max_staleness),
                               "async/queue_depth": float(depth)}
 
     def trained(self, step: int) -> None:

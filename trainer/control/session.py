@@ -156,15 +156,19 @@ class Session:
         (`streaming.py`); the joined step and its `stream/*` metrics. The reference runs on the
         joined step instead when it is the actor itself (LoRA: its adapters switched off), whose
         weights the generation in flight is using."""
+        batch, metrics = score_chunks(chunks, self.chunk_stages(reward), self.pad_token_id)
+        if self.recipe.reference_in_actor:
+            batch = self.reference_log_probs(batch)
+        return batch, metrics
+
+    def chunk_stages(self, reward) -> list:
+        """The stages a chunk goes through as soon as it is generated: the reference (unless the
+        actor serves it, see `score_stream`) and the reward."""
         def score(chunk):
             with self.stage("reward"):
                 return chunk | reward.compute_reward(chunk)
 
-        stages = [score] if self.recipe.reference_in_actor else [self.reference_log_probs, score]
-        batch, metrics = score_chunks(chunks, stages, self.pad_token_id)
-        if self.recipe.reference_in_actor:
-            batch = self.reference_log_probs(batch)
-        return batch, metrics
+        return [score] if self.recipe.reference_in_actor else [self.reference_log_probs, score]
 
     def finite_scores(self, batch: Batch, step: int, *more_scores) -> bool:
         """True when every reward and cost of the step (the batch's, and ReMax's greedy baseline

@@ -96,16 +96,33 @@ def join(chunks: list, pad_token_id: int):
     return join_rows(chunks, pad_token_id)
 
 
-def score_chunks(chunks: Iterable, stages: list[Callable], pad_token_id: int):
+def scored(chunks: Iterable, stages: list[Callable]) -> Iterator:
     """Each chunk through `stages` (functions of a chunk returning it with their columns) as soon
-    as it arrives; the joined step and its `stream/*` metrics."""
-    scored = []
+    as it arrives, yielded in order."""
     for chunk in chunks:
         for stage in stages:
             chunk = stage(chunk)
-        scored.append(chunk)
-    batch = join(scored, pad_token_id)
-    return batch, stream_metrics(batch, len(scored))
+        yield chunk
+
+
+def score_chunks(chunks: Iterable, stages: list[Callable], pad_token_id: int):
+    """Every chunk through `stages`; the joined step and its `stream/*` metrics."""
+    done = list(scored(chunks, stages))
+    batch = join(done, pad_token_id)
+    return batch, stream_metrics(batch, len(done))
+
+
+def grouped(chunks: Iterable, per_group: int, pad_token_id: int) -> Iterator:
+    """Consecutive chunks `per_group` at a time, each group joined and yielded as soon as its last
+    chunk arrives (a mini-batch of whole chunks, `streamed_update.py`); a short last group too."""
+    group = []
+    for chunk in chunks:
+        group.append(chunk)
+        if len(group) == per_group:
+            yield join(group, pad_token_id)
+            group = []
+    if group:
+        yield join(group, pad_token_id)
 
 
 def stream_metrics(batch, chunks: int) -> dict[str, float]:
