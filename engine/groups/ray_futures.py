@@ -5,13 +5,16 @@ share (`Part`). Passed to another group's call, each of its ranks fetches its ow
 the store; the controller pulls data only when it reads a column (`future["scores"]`, read
 where the piece lives) or the whole value (`future.get()`). A worker that raised, died or gave
 no answer within the watchdog's time becomes a `WorkerError` naming its role, rank and call.
+A streamed step's chunks stay chunks there (`ChunkedFuture`): a call over them answers with
+pieces covering every chunk, and each chunk keeps its rows of those pieces (`Cut`), so the
+rows never come to the controller to be joined.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -47,10 +50,33 @@ class UpstreamFailed(WorkerError):
 
 
 class RefParts:
-    """One rank's share of a future: object refs whose Batches are unioned on arrival."""
+    """One rank's share of a future: object refs whose Batches are unioned on arrival, each first
+    cut to its rows where it has a `Cut`."""
 
-    def __init__(self, refs: list):
+    def __init__(self, refs: list, cuts: list | None = None):
         self.refs = refs
+        self.cuts = cuts or [None] * len(refs)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Rows [start, stop) of a piece computed over several chunks' rows at once (a DP call on a
+    `ChunkedFuture`), with its per-response-token columns (`joined_r` wide) cut back to the
+    chunk's response width: that chunk's share of the result, left in the store until read."""
+
+    start: int
+    stop: int
+    width_r: int
+    joined_r: int
+
+    def apply(self, batch: Batch) -> Batch:
+        rows = batch.slice(self.start, self.stop)
+        return Batch({k: t[:, :self.width_r] if t.dim() >= 2 and t.shape[1] == self.joined_r else t
+                      for k, t in rows.tensors.items()}, rows.columns, rows.meta)
+
+
+def cut(batch: Batch, how: Cut | None) -> Batch:
+    return batch if how is None else how.apply(batch)
 
 
 def union_all(batches: list[Batch]) -> Batch:
@@ -72,7 +98,7 @@ class RowBlocks:
 def unpack(value: Any) -> Any:
     if isinstance(value, RefParts):
         ray = ray_module()
-        return union_all(ray.get(value.refs))
+        return union_all([cut(b, c) for b, c in zip(ray.get(value.refs), value.cuts)])
     if isinstance(value, RowBlocks):
         return join_rows([unpack(block) for block in value.blocks], value.pad_token_id)
     return value
@@ -90,6 +116,7 @@ class Part:
     local: Batch | None = None
     call: str = ""  # the worker method that produces it, for the watchdog's line
     timeout_s: float | None = None  # how long the controller waits for it (the watchdog)
+    cut: Cut | None = None  # only these rows of the piece are this part (`ChunkedFuture.__or__`)
 
 
 def _controller_parts(batch: Batch, world: int) -> list[Part]:
@@ -120,12 +147,14 @@ class Future:
         return len(ready) == len(refs)
 
     def rank_refs(self, rank: int) -> RefParts:
-        return RefParts([part.ref for part in self.parts[rank]])
+        return RefParts([part.ref for part in self.parts[rank]], [part.cut for part in self.parts[rank]])
 
     def get(self) -> Any:
         if self._value is None:
             per_rank = [first_failure([lambda p=p: p.local if p.local is not None else get_part(p)
                                        for p in rank_parts]) for rank_parts in self.parts]
+            per_rank = [[cut(v, p.cut) if p.cut else v for v, p in zip(values, rank_parts)]
+                        for values, rank_parts in zip(per_rank, self.parts)]
             if isinstance(per_rank[0][0], Batch):
                 self._value = Batch.concat(union_all(p) for p in per_rank)
             else:
@@ -141,12 +170,13 @@ class Future:
         if missing:
             per_rank = []
             for rank_parts in self.parts:
-                pieces = [p.local.select(*missing) for p in rank_parts if p.local is not None]
+                pieces = [cut(p.local, p.cut).select(*missing) for p in rank_parts if p.local is not None]
                 by_handle: dict[int, list[Part]] = {}
                 for p in rank_parts:
                     if p.local is None:
                         by_handle.setdefault(id(p.handle), []).append(p)
-                reads = [(group, group[0].handle.read.remote([p.ref for p in group], missing))
+                reads = [(group, group[0].handle.read.remote([p.ref for p in group], missing,
+                                                             [p.cut for p in group]))
                          for group in by_handle.values()]
                 pieces += first_failure([lambda g=group, r=ref: _read(g, r) for group, ref in reads])
                 per_rank.append(union_all(pieces))
@@ -176,7 +206,7 @@ class Future:
     def __or__(self, other: "Future | Batch") -> "Future":
         if isinstance(other, Batch):
             extra = [[part] for part in _controller_parts(other, self.world_size)]
-        elif other.world_size == self.world_size:
+        elif other.world_size == self.world_size and not isinstance(other, ChunkedFuture):
             extra = other.parts
         else:
             return _as_future(self.get() | other.get(), 1)
@@ -197,7 +227,8 @@ class ChunkedFuture(Future):
         if len({c.world_size for c in chunks}) != 1:
             raise ValueError("chunks of different world sizes cannot be joined")
         super().__init__([], chunks[0].collect)
-        self.chunks = chunks
+        # A chunk of chunks is its chunks: the same rows in the same order, at the widest widths.
+        self.chunks = [leaf for c in chunks for leaf in (c.chunks if isinstance(c, ChunkedFuture) else [c])]
         self.pad_token_id = pad_token_id
         self._widths: list[tuple[int, int]] | None = None
 
@@ -235,7 +266,11 @@ class ChunkedFuture(Future):
 
     def __or__(self, other: "Future | Batch") -> "ChunkedFuture":
         """With a Batch of the joined rows (the controller's advantages): each chunk gets its rows,
-        per-token columns cut back to the chunk's response width (the rest is padding)."""
+        per-token columns cut back to the chunk's response width (the rest is padding). With the
+        future of a DP call over these rows (old log-probs), each chunk gets its `Cut` of every
+        rank's piece, which stays in the store."""
+        if isinstance(other, Future) and not isinstance(other, ChunkedFuture) and other.world_size == self.world_size:
+            return self._with_result(other)
         if not isinstance(other, Batch):
             return _as_future(self.get() | other.get(), 1)
         joined_r = max(r for _, r in self.chunk_widths())
@@ -246,6 +281,20 @@ class ChunkedFuture(Future):
             rows = Batch({k: t[:, :width_r] if t.dim() >= 2 and t.shape[1] == joined_r else t
                           for k, t in rows.tensors.items()}, rows.columns, rows.meta)
             out.append(chunk | rows)
+        return ChunkedFuture(out, self.pad_token_id)
+
+    def _with_result(self, result: Future) -> "ChunkedFuture | Future":
+        """Rank r of a DP call on this future joined its piece of every chunk in order (`RowBlocks`),
+        each piece len(chunk) / world rows, every rank at the same widths (`rollout_batch`)."""
+        if any(p.cut for ps in result.parts for p in ps):
+            raise ValueError("a future already cut to a chunk's rows is not the result of a call over these chunks")
+        world, joined_r = self.world_size, max(r for _, r in self.chunk_widths())
+        out, start = [], 0
+        for chunk, (_, width_r) in zip(self.chunks, self.chunk_widths()):
+            how = Cut(start, start + len(chunk) // world, width_r, joined_r)
+            start = how.stop
+            out.append(Future([own + [replace(p, cut=how) for p in theirs]
+                               for own, theirs in zip(chunk.parts, result.parts)], chunk.collect))
         return ChunkedFuture(out, self.pad_token_id)
 
     def __ror__(self, other: Batch) -> "ChunkedFuture":

@@ -225,3 +225,43 @@ def test_the_watchdog_names_a_stalled_worker_and_its_process_ends(ray_cluster):
     finally:
         cluster.shutdown()
     process.wait(timeout=30)  # raises if the stopped process outlives the group
+
+
+def test_a_result_over_streamed_chunks_is_cut_back_to_each_chunk_without_leaving_the_store(ray_cluster):
+    """Old log-probs over a streamed step: the DP call's pieces cover every chunk's rows at the
+    joined widths; joined onto the chunks, each chunk gets its rows of every rank's piece (a
+    `Cut`), and the next call and the controller's reads see what the eager join gives."""
+    from chunk_workers import RowsWorker
+
+    from hflow.engine import columns as col
+    from hflow.engine.groups.ray_backend import RayCluster
+    from hflow.engine.groups.ray_futures import ChunkedFuture
+    from hflow.engine.groups.worker import ResourcePool
+
+    cluster = RayCluster(None, worker_timeout_s=60)
+    pool = ResourcePool("rows", ["cpu:0", "cpu:1"])
+    try:
+        group = cluster.add_role(cluster.spawn_pool(pool, use_gpu=False), "reward", RowsWorker, pool)
+        widths = [(3, 2), (2, 5), (4, 3)]  # each chunk's own prompt and response widths
+        chunks = [group.make(Batch({"row": torch.arange(4 * k, 4 * k + 4)}, meta={"widths": w}))
+                  for k, w in enumerate(widths)]
+        step = ChunkedFuture(chunks, pad_token_id=0)
+        scored = step | group.score(step)
+        assert isinstance(scored, ChunkedFuture)  # no rows were pulled to the controller
+        assert all(p.local is None for c in scored.chunks for parts in c.parts for p in parts)
+        view = scored.select("row", col.OLD_LOG_PROBS)
+        assert view["row"].tolist() == list(range(12))  # the step's rows, in chunk order
+        want = torch.zeros(12, 5)  # row r's tokens r + t / 100, up to its chunk's response width
+        for r in range(12):
+            want[r, :widths[r // 4][1]] = r + torch.arange(widths[r // 4][1]) / 100
+        assert torch.equal(view[col.OLD_LOG_PROBS], want)
+        # The next call: rank 0 joins rows 0-1, 4-5, 8-9 with their scores (rank 1 the others).
+        totals = group.total(scored).get()
+        assert totals["row"].tolist() == [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]
+        assert torch.allclose(totals["total"], want.sum(-1)[totals["row"]])
+        # Pulling both to the controller and joining them there gets the rows wrong on 2 ranks
+        # (the result is in rank order): what the cut replaces.
+        pulled = step.get() | group.score(step).get()
+        assert not torch.equal(pulled[col.OLD_LOG_PROBS], want)
+    finally:
+        cluster.shutdown()
