@@ -24,7 +24,9 @@ model, seeds and number of steps (so of samples) for all; the off-policy correct
 other key stay the recipe's.
 
 Printed per placement: tokens/s (prompt + response tokens over the wall time of the steps
-after the first two, which warm up; the rollout's waits included), reward/mean over the last
+after the first two, which warm up; the rollout's waits included), the median seconds per
+step over the same steps (every placement's step has the same samples; its tokens differ
+where the policies learned to answer at different lengths), reward/mean over the last
 quarter of the steps (after the same number of samples for every placement), and the bubble:
 the share of the pools' time spent idle, 1 - busy / (pools x step time). Busy is the stage
 times of each pool (sync; on ray the workers' own measure) or the generator's and the
@@ -111,7 +113,8 @@ def one_run(config: str, args, model: str, out: str) -> dict:
     wall = sum(e["timing/step"] for e in events)
     tokens = sum(e["throughput/tokens_per_s"] * e["timing/step"] for e in events)
     last = run.events()[-max(1, args.steps // 4):]
-    return {"tokens_per_s": tokens / wall, "reward": statistics.mean(e["reward/mean"] for e in last),
+    return {"tokens_per_s": tokens / wall, "step_s": wall / len(events),
+            "reward": statistics.mean(e["reward/mean"] for e in last),
             "bubble": 1 - sum(busy_s(e, mode) for e in events) / (pools * wall), "events": events}
 
 
@@ -167,12 +170,13 @@ def main() -> None:
 def report(rows: dict[str, list[dict]], args) -> None:
     print(f"{args.recipe} {' '.join(args.set)}, {args.steps} steps per run, max_staleness {args.max_staleness}, "
           f"{args.rounds} rounds (placements in turn), {args.slots} slots")
-    print(f"{'placement':<20}{'tok/s by round':>30}{'median':>9}{'reward':>8}{'bubble':>8}")
+    print(f"{'placement':<20}{'tok/s by round':>30}{'median':>9}{'s/step':>8}{'reward':>8}{'bubble':>8}")
     medians = {}
     for config, runs in rows.items():
         medians[config] = statistics.median(r["tokens_per_s"] for r in runs)
         by_round = " ".join(f"{r['tokens_per_s']:.0f}" for r in runs)
         print(f"{config:<20}{by_round:>30}{medians[config]:>9.0f}"
+              f"{statistics.median(r['step_s'] for r in runs):>8.3f}"
               f"{statistics.mean(r['reward'] for r in runs):>8.3f}"
               f"{statistics.mean(r['bubble'] for r in runs):>8.2f}")
     sync = {c: m for c, m in medians.items() if c.startswith("sync") and c != ONE_THREAD}
