@@ -1,26 +1,34 @@
 """Streamed updates (`trainer.stream_updates`) through the real CLI: without recomputed old
 log-probs a streamed step trains exactly as the unstreamed one, on the local backend and on ray
 split pools; with them the first mini-batch is trained before the step's last row is generated,
-and the run learns; a recipe it cannot run is one line."""
+the run learns, and a resumed run trains its last steps again exactly; a recipe it cannot run
+is one line."""
 
 import os
 from pathlib import Path
 
 import pytest
-from helpers import RUN_VARYING, assert_recipe_error, train_run, write_recipe
+from helpers import RUN_VARYING, assert_recipe_error, resume_after_crash, train_run, write_recipe
 
 pytestmark = pytest.mark.slow
 NOT_COMPARED = (*RUN_VARYING, "async/", "stream/")
 
 
 def _async_run(tmp_path: Path, model: Path, name: str, steps: int, stream_updates: bool, rollout: dict,
-               actor: dict, **sections) -> list[dict]:
-    trainer = {"total_steps": steps, "prompts_per_step": 8, "save_every": 0, "mode": "async", "max_staleness": 0,
-               "stream_updates": stream_updates, "output_dir": str(tmp_path / name)}
+               actor: dict, save_every: int = 0, **sections) -> tuple[Path, list[dict]]:
+    trainer = {"total_steps": steps, "prompts_per_step": 8, "save_every": save_every, "mode": "async",
+               "max_staleness": 0, "stream_updates": stream_updates, "output_dir": str(tmp_path / name)}
     recipe = write_recipe(tmp_path / f"{name}.yaml", model, trainer=trainer,
                           rollout={"n": 4, "batch_size": 8, **rollout}, actor={"lr": 0.002, **actor}, **sections)
-    _, events = train_run(recipe)
-    return events
+    return train_run(recipe)
+
+
+def _same(want: list[dict], got: list[dict]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(want, got):
+        compared = [k for k in a if not k.startswith(NOT_COMPARED)]
+        assert "actor/loss" in compared and "actor/grad_norm" in compared and "tokens/trained" in compared
+        assert {k: b[k] for k in compared} == {k: a[k] for k in compared}, a["step"]
 
 
 def test_without_recomputed_old_log_probs_a_streamed_step_trains_as_the_unstreamed_one(tmp_path, tiny_model):
@@ -29,26 +37,23 @@ def test_without_recomputed_old_log_probs_a_streamed_step_trains_as_the_unstream
     # 8 prompts x 4 = 32 rows a step in 4 chunks of 8; mini-batches of 16 rows: 2 per step.
     same = dict(rollout={"max_response_length": 16, "stream_prompts": 2},
                 actor={"micro_batch_size": 16, "mini_batch_size": 16, "recompute_old_log_probs": False})
-    unstreamed = _async_run(tmp_path, tiny_model, "unstreamed", 3, False, **same)
-    streamed = _async_run(tmp_path, tiny_model, "streamed", 3, True, **same)
-    on_ray = _async_run(tmp_path, tiny_model, "ray", 3, True, **same,
-                        placement={"backend": "ray", "mode": "split"}, cluster={"cpu_slots": 2})
+    _, unstreamed = _async_run(tmp_path, tiny_model, "unstreamed", 3, False, **same)
+    _, streamed = _async_run(tmp_path, tiny_model, "streamed", 3, True, **same)
+    _, on_ray = _async_run(tmp_path, tiny_model, "ray", 3, True, **same,
+                           placement={"backend": "ray", "mode": "split"}, cluster={"cpu_slots": 2})
     for runs in (streamed, on_ray):
-        assert len(runs) == len(unstreamed) == 3
-        for want, got in zip(unstreamed, runs):
-            compared = [k for k in want if not k.startswith(NOT_COMPARED)]
-            assert "actor/loss" in compared and "actor/grad_norm" in compared and "tokens/trained" in compared
-            assert {k: got[k] for k in compared} == {k: want[k] for k in compared}, want["step"]
-            assert got["stream/mini_batches"] == 2 and "stream/mini_batches" not in want
+        _same(unstreamed, runs)
+        assert all(e["stream/mini_batches"] == 2 for e in runs) and "stream/mini_batches" not in unstreamed[0]
     assert unstreamed[0]["actor/loss"] != unstreamed[-1]["actor/loss"]  # the policy moved
 
 
-def test_the_first_mini_batch_trains_while_the_step_still_generates_and_the_run_learns(tmp_path, tiny_model):
+def test_the_first_mini_batch_trains_while_the_step_still_generates_the_run_learns_and_resumes(tmp_path,
+                                                                                               tiny_model):
     # A chunk per prompt (8 a step), mini-batches of 2 chunks: the first trains while 6 chunks
     # are still to be generated. Old log-probs recomputed per mini-batch, TIS against the sampler.
-    events = _async_run(tmp_path, tiny_model, "learns", 12, True,
-                        rollout={"max_response_length": 24, "stream_prompts": 1},
-                        actor={"micro_batch_size": 8, "mini_batch_size": 8, "off_policy_correction": "tis"})
+    run, events = _async_run(tmp_path, tiny_model, "learns", 12, True, save_every=6,
+                             rollout={"max_response_length": 24, "stream_prompts": 1},
+                             actor={"micro_batch_size": 8, "mini_batch_size": 8, "off_policy_correction": "tis"})
     assert all(e["stream/mini_batches"] == 4 and e["async/staleness_max"] == 0 for e in events)
     leads = [e["stream/update_lead_s"] for e in events]
     assert all(lead > 0 for lead in leads), leads
@@ -56,6 +61,8 @@ def test_the_first_mini_batch_trains_while_the_step_still_generates_and_the_run_
     first = sum(e["reward/mean"] for e in events[:3]) / 3
     last = sum(e["reward/mean"] for e in events[-3:]) / 3
     assert last > first + 0.1, (first, last)
+    # A crash after step 10, the last checkpoint at 6: steps 7-12 train again exactly as before.
+    _same(events, resume_after_crash(run, crashed_after=10, last=12))
 
 
 ASYNC = ["trainer.mode=async", "trainer.stream_updates=true"]
