@@ -6,7 +6,9 @@ sibling paper; verl's and OpenRLHF's per-sample reward calls) the step's prompts
 chunks of k (whole prompt groups, so GRPO's groups stay together), each one generation call.
 The reference and reward stages take a chunk as soon as it is generated, while the next
 chunk generates; the actor's own stages (old log-probs, the update) take the joined step,
-since they run on the weights generation is using.
+since they run on the weights generation is using, unless the step is generated elsewhere
+(async mode) with `trainer.stream_updates`: then each mini-batch of whole chunks trains as soon
+as it is scored (`streamed_update.py`).
 
 Where the overlap comes from depends on the backend:
 
