@@ -70,3 +70,14 @@ def test_a_chunk_size_that_does_not_divide_the_step_is_one_line(overrides, needl
 def test_streaming_a_loop_it_does_not_stream_is_one_line():
     assert_recipe_error("ppo/tiny", ["rollout.stream_prompts=2"], ["rollout.stream_prompts", "algorithm ppo",
                                                                      "stream_prompts: 0"])
+
+
+def test_on_two_actor_ranks_a_streamed_step_keeps_each_row_s_old_log_probs(tmp_path, tiny_model):
+    # At step 1 the policy is the reference: the KL between a row's old and reference log-probs
+    # is 0 when each row gets its own. Joining the actor's per-rank results onto the chunks on the
+    # controller once gave rows in chunk order the results in rank order (kl/mean 0.02 here).
+    pytest.importorskip("ray")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    events = _streamed(tmp_path, tiny_model, "dp2", 1, 16, placement={"backend": "ray", "mode": "colocate"},
+                       cluster={"cpu_slots": 2}, grpo={"kl_coef": 0.001})
+    assert events[0]["stream/chunks"] == 4 and abs(events[0]["kl/mean"]) < 1e-6, events[0]["kl/mean"]
