@@ -1,7 +1,8 @@
 """Streamed steps (`rollout.stream_prompts`) through the real CLI: the reward stage starts before
 generation ends (every row's recorded times show it) and the run learns; the local backend's
 threaded stream, the ray backend's futures on split pools, and async mode at max_staleness 0
-all train on exactly the same rows; a bad chunk size is one line."""
+all train on exactly the same rows; on two actor ranks each row keeps its own old log-probs;
+a bad chunk size is one line."""
 
 import os
 from pathlib import Path
