@@ -122,3 +122,14 @@ def resume_after_crash(run: Path, crashed_after: int = 5, last: int = 6) -> list
     resumed = run_hflow("train", "--resume", str(run))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return read_events(run)
+
+
+def assert_same_events(want: list[dict], got: list[dict], not_compared: tuple[str, ...],
+                       required: tuple[str, ...]) -> None:
+    """Two runs' events equal step by step in every key but those starting with `not_compared`;
+    each of `required` must be among the keys compared (an empty comparison cannot pass)."""
+    assert len(got) == len(want)
+    for a, b in zip(want, got):
+        compared = [k for k in a if not k.startswith(not_compared)]
+        assert all(k in compared for k in required), (required, compared)
+        assert {k: b[k] for k in compared} == {k: a[k] for k in compared}, a["step"]

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import RUN_VARYING, assert_recipe_error, resume_after_crash, train_run, write_recipe
+from helpers import (RUN_VARYING, assert_recipe_error, assert_same_events, resume_after_crash, train_run,
+                     write_recipe)
 
 pytestmark = pytest.mark.slow
 NOT_COMPARED = (*RUN_VARYING, "async/", "stream/")
@@ -24,11 +25,7 @@ def _async_run(tmp_path: Path, model: Path, name: str, steps: int, stream_update
 
 
 def _same(want: list[dict], got: list[dict]) -> None:
-    assert len(got) == len(want)
-    for a, b in zip(want, got):
-        compared = [k for k in a if not k.startswith(NOT_COMPARED)]
-        assert "actor/loss" in compared and "actor/grad_norm" in compared and "tokens/trained" in compared
-        assert {k: b[k] for k in compared} == {k: a[k] for k in compared}, a["step"]
+    assert_same_events(want, got, NOT_COMPARED, ("actor/loss", "actor/grad_norm", "tokens/trained"))
 
 
 def test_without_recomputed_old_log_probs_a_streamed_step_trains_as_the_unstreamed_one(tmp_path, tiny_model):

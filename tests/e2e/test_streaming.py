@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import RUN_VARYING, assert_recipe_error, train_run, write_recipe
+from helpers import RUN_VARYING, assert_recipe_error, assert_same_events, train_run, write_recipe
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
@@ -28,11 +28,7 @@ def _streamed(tmp_path: Path, model: Path, name: str, steps: int, response_lengt
 
 
 def _same_rows(want: list[dict], got: list[dict]) -> None:
-    assert len(want) == len(got)
-    for a, b in zip(want, got):
-        compared = [k for k in a if not k.startswith(NOT_COMPARED)]
-        assert "actor/loss" in compared and "reward/mean" in compared and "stream/chunks" in compared
-        assert {k: b[k] for k in compared} == {k: a[k] for k in compared}, a["step"]
+    assert_same_events(want, got, NOT_COMPARED, ("actor/loss", "reward/mean", "stream/chunks"))
 
 
 def test_a_streamed_step_scores_chunks_while_generating_and_learns(tmp_path, tiny_model):
