@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers: most of an end-to-end test is a
-# fresh process starting or waiting on Ray, so two workers on two cores finished in 17 min 42 s
+# fresh process starting or waiting on Ray, so two workers on two cores finished in 17-18 min
 # in a fresh clone where one took 21 min 31 s (2026-11-24). PYTEST_WORKERS=0 runs it in this process.
 PYTEST_WORKERS ?= 2
 
