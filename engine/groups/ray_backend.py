@@ -92,9 +92,8 @@ class FusedWorker:
         """This node's IP and a free port, for the pool's torch.distributed rendezvous."""
         return ray_module().util.get_node_ip_address(), free_port()
 
-    def read(self, refs: list, keys: list[str], cuts: list | None = None) -> Batch:
+    def read(self, refs: list, keys: list[str], cuts: list) -> Batch:
         """Columns of pieces this process produced (they are local to it), each cut to its rows."""
-        cuts = cuts or [None] * len(refs)
         return union_all([cut(b.select(*keys), c) for b, c in zip(ray_module().get(refs), cuts)])
 
     def set_env(self, env: dict[str, str]) -> None:

@@ -153,7 +153,7 @@ class Future:
         if self._value is None:
             per_rank = [first_failure([lambda p=p: p.local if p.local is not None else get_part(p)
                                        for p in rank_parts]) for rank_parts in self.parts]
-            per_rank = [[cut(v, p.cut) if p.cut else v for v, p in zip(values, rank_parts)]
+            per_rank = [[cut(v, p.cut) for v, p in zip(values, rank_parts)]
                         for values, rank_parts in zip(per_rank, self.parts)]
             if isinstance(per_rank[0][0], Batch):
                 self._value = Batch.concat(union_all(p) for p in per_rank)
@@ -283,11 +283,9 @@ class ChunkedFuture(Future):
             out.append(chunk | rows)
         return ChunkedFuture(out, self.pad_token_id)
 
-    def _with_result(self, result: Future) -> "ChunkedFuture | Future":
+    def _with_result(self, result: Future) -> "ChunkedFuture":
         """Rank r of a DP call on this future joined its piece of every chunk in order (`RowBlocks`),
         each piece len(chunk) / world rows, every rank at the same widths (`rollout_batch`)."""
-        if any(p.cut for ps in result.parts for p in ps):
-            raise ValueError("a future already cut to a chunk's rows is not the result of a call over these chunks")
         world, joined_r = self.world_size, max(r for _, r in self.chunk_widths())
         out, start = [], 0
         for chunk, (_, width_r) in zip(self.chunks, self.chunk_widths()):
