@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import re
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
+from hflow.engine.training.master_state import MOMENTS, MasterState
+from hflow.engine.training.tensor_file import TensorFileWriter, TensorSpec
 from hflow.engine.workers.config import OptimSpec
-
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def lr_lambda(cfg: OptimSpec, total_steps: int):
@@ -42,6 +38,31 @@ def lr_lambda(cfg: OptimSpec, total_steps: int):
     return factor
 
 
+def deepspeed_config(zero_stage: int, grad_clip: float, micro_batch_size: int, micro_steps: int,
+                     bf16: bool) -> dict:
+    """DeepSpeed's configuration for a trained role.
+
+    With bf16 weights under ZeRO-1/2, gradients are accumulated over micro-batches (and reduced
+    over ranks) in fp32: summed in bf16, with its 8-bit mantissa, the later micro-batches'
+    contributions round away (DeepSpeed warns of it; OpenRLHF sets the same). ZeRO-1 then runs
+    DeepSpeed's BF16_Optimizer, ZeRO-2 its ZeRO optimizer with an fp32 accumulation buffer.
+    ZeRO-0 cannot (DeepSpeed refuses bf16 weights with fp32 accumulation without ZeRO) and
+    ZeRO-3 keeps DeepSpeed's default.
+    """
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": micro_steps,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if bf16 and zero_stage in (1, 2):
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
+
+
 class TrainEngine:
     """DeepSpeed-wrapped model + AdamW + schedule; `micro_steps` micro-batches per update."""
 
@@ -55,18 +76,11 @@ class TrainEngine:
             lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_updates))
-        ds_config = {
-            "train_micro_batch_size_per_gpu": micro_batch_size,
-            "gradient_accumulation_steps": micro_steps,
-            "gradient_clipping": cfg.grad_clip,
-            "zero_optimization": {"stage": cfg.zero_stage},
-            "bf16": {"enabled": bf16},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+            model=model, optimizer=optimizer, lr_scheduler=scheduler,
+            config=deepspeed_config(cfg.zero_stage, cfg.grad_clip, micro_batch_size, micro_steps, bf16),
         )
+        self.master = MasterState(self.optimizer)
         self.updates = 0
 
     @property
@@ -114,115 +128,131 @@ class TrainEngine:
         (stage_1_and_2.py: any torch optimizer's states, the fp32 master partitions, the gradient
         partitions) and ZeRO-3 (stage3.py: gradients and the gradient bucket; its optimizer-state
         and master-weight offload asserts DeepSpeed's own FusedAdam, while hflow builds torch's
-        AdamW so that the same engine runs on CPU). Stage 0 (and any DeepSpeed optimizer wrapper
-        without `offload_states`, such as BF16_Optimizer) keeps its states on the GPU.
+        AdamW so that the same engine runs on CPU). Stage 0 and ZeRO-1 with bf16 weights (DeepSpeed's
+        BF16_Optimizer, chosen for fp32 gradient accumulation: `deepspeed_config`) have no
+        `offload_states` and keep their states on the GPU: ZeRO-2 is the stage that offloads.
         The bf16 weights stay on the GPU in every stage: the weight sync reads them.
         """
+        return self.move_states() if self.engine.device.type == "cuda" else []
+
+    def reload_states(self) -> None:
+        """Undo `offload_states` (a no-op when nothing was moved)."""
+        if self.engine.device.type == "cuda":
+            self.restore_states()
+
+    def move_states(self) -> list[str]:
+        """`offload_states` on any device (on the CPU the tensors stay where they are, but
+        DeepSpeed's bookkeeping runs as on a GPU: how the offload -> reload -> save cycle is
+        tested without one)."""
         from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as State
 
-        if not self._can_offload():
+        if self.cfg.zero_stage == 0 or not hasattr(self.engine.optimizer, "offload_states"):
             return []
         if self.cfg.zero_stage == 3:
             include = [State.lp_grads, State.contiguous_grad_buffer]
         else:
             include = [State.optim_states, State.hp_params, State.lp_grads]
         self.engine.offload_states(include=include)
+        self._moved = True
         return [state.value for state in include]
 
-    def reload_states(self) -> None:
-        """Undo `offload_states` (a no-op when nothing was moved)."""
-        if self._can_offload():
-            self.engine.reload_states()
-
-    def _can_offload(self) -> bool:
-        return (self.cfg.zero_stage != 0 and self.engine.device.type == "cuda"
-                and hasattr(self.engine.optimizer, "offload_states"))
+    def restore_states(self) -> None:
+        if not getattr(self, "_moved", False):
+            return
+        self.engine.reload_states()
+        self._moved = False
+        # The reload replaced the moment tensors and, for the master weights, rebuilt each
+        # parameter's fragment mapping without its moments (`MasterState.relink_moments`).
+        self.master.relink_moments()
 
     # --- checkpoints -----------------------------------------------------------------
+    # Streamed tensor by tensor: each full fp32 tensor is gathered (a collective under ZeRO,
+    # every rank in the same order), written by rank 0 and dropped, so no rank holds more of a
+    # checkpoint than one tensor (with `save_file` every rank built the whole fp32 state, about
+    # 16 bytes per parameter). Loading reads one tensor at a time as well.
 
     def _named_params(self):
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
 
     def _full_state(self, param: torch.nn.Parameter, key: str) -> torch.Tensor:
-        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-
-        if self.cfg.zero_stage == 0:
-            return param.detach().float() if key == "param" else self.optimizer.state[param][key]
-        if key == "param":
-            return safe_get_full_fp32_param(param)
-        return safe_get_full_optimizer_state(param, key)
+        return self.master.get(param, key)
 
     def save(self, directory: Path, rank: int = 0) -> None:
         """Full fp32 weights and Adam moments (safetensors) plus counters (JSON)."""
-        weights, moments = {}, {}
-        for name, param in self._named_params():
-            weights[name] = self._full_state(param, "param").detach().cpu().contiguous()
-            for key in MOMENTS:
-                moments[f"{key}/{name}"] = self._full_state(param, key).detach().cpu().contiguous()
-        if rank != 0:
-            return
-        directory.mkdir(parents=True, exist_ok=True)
-        _save_safetensors(weights, directory / "weights.safetensors")
-        _save_safetensors(moments, directory / "optimizer.safetensors")
-        state = {"updates": self.updates, "scheduler": _jsonable(self.scheduler.state_dict())}
-        (directory / "engine.json").write_text(json.dumps(state))
+        named = self._named_params()
+        shapes = [(name, tuple(getattr(p, "ds_shape", p.shape))) for name, p in named]
+        if rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+        files = _RankZeroFiles(rank, {
+            "param": (directory / "weights.safetensors", [TensorSpec(n, s) for n, s in shapes]),
+            "moments": (directory / "optimizer.safetensors",
+                        [TensorSpec(f"{k}/{n}", s) for n, s in shapes for k in MOMENTS]),
+        })
+        with files:
+            for (name, param), (_, shape) in zip(named, shapes):
+                files.write("param", name, self.master.get(param, "param").float().reshape(shape))
+                for key in MOMENTS:
+                    files.write("moments", f"{key}/{name}", self.master.get(param, key).float().reshape(shape))
+        if rank == 0:
+            state = {"updates": self.updates, "adam_step": self.master.step_count(),
+                     "scheduler": _jsonable(self.scheduler.state_dict())}
+            (directory / "engine.json").write_text(json.dumps(state))
 
     def load(self, directory: Path) -> None:
-        """Restore what `save` wrote into this already-initialised engine."""
-        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+        """Restore what `save` wrote into this already-initialised engine: the fp32 masters and
+        moments, then the module's own (bf16) weights from the masters."""
+        from safetensors import safe_open
 
-        weights = load_file(directory / "weights.safetensors")
-        moments = load_file(directory / "optimizer.safetensors")
         state = json.loads((directory / "engine.json").read_text())
         self.updates = state["updates"]
-        step = torch.tensor(float(self.updates))
-        if self.cfg.zero_stage != 0:
-            self._create_zero_optimizer_state()
-        for name, param in self._named_params():
-            if self.cfg.zero_stage == 0:
-                with torch.no_grad():
-                    param.copy_(weights[name])
-                self.optimizer.state[param] = {
-                    "step": step.clone(), **{k: moments[f"{k}/{name}"].clone() for k in MOMENTS}
-                }
-                continue
-            safe_set_full_fp32_param(param, weights[name])
-            for key in MOMENTS:
-                safe_set_full_optimizer_state(param, moments[f"{key}/{name}"], key)
-        if self.cfg.zero_stage != 0:
-            base = getattr(self.optimizer, "optimizer", self.optimizer)
-            for param_state in base.state.values():
-                param_state["step"] = step.clone()
+        self.master.create_moments()
+        with safe_open(directory / "weights.safetensors", "pt") as weights, \
+                safe_open(directory / "optimizer.safetensors", "pt") as moments:
+            for name, param in self._named_params():
+                self.master.set(param, "param", weights.get_tensor(name))
+                for key in MOMENTS:
+                    self.master.set(param, key, moments.get_tensor(f"{key}/{name}"))
+        self.master.refresh_weights()
+        self.master.set_step(state.get("adam_step") or self.updates)
         scheduler_state = {**state["scheduler"], "lr_lambdas": [None] * len(self.optimizer.param_groups)}
         self.scheduler.load_state_dict(scheduler_state)
         # The optimizer applies the LR it holds at the next step: set it to the schedule's.
         for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr
 
-    def _create_zero_optimizer_state(self) -> None:
-        """Adam creates its moments at the first step; a resumed engine needs them before that."""
-        base = self.optimizer.optimizer
-        # ZeRO-3 hands its flat fp32 partitions to the optimizer only inside step().
-        flats = getattr(self.optimizer, "fp32_partitioned_groups_flat", None) or [
-            p for group in base.param_groups for p in group["params"]]
-        for flat in flats:
-            if not base.state[flat]:
-                base.state[flat] = {"step": torch.tensor(0.0), **{k: torch.zeros_like(flat) for k in MOMENTS}}
-        link = getattr(self.optimizer, "_lazy_init_hp_params_optimizer_state", None)
-        if link is not None:  # ZeRO-1/2 point each parameter's fragment at the new moments
-            link()
 
+class _RankZeroFiles:
+    """Rank 0's open checkpoint files (other ranks only take part in the gathers). A write that
+    fails (a full disk) is held until every tensor has been gathered: the other ranks are still
+    in the collectives, and rank 0 leaving them would hang the group until its timeout."""
 
-def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """`save_file`, whose I/O failures (a full disk, a folder that cannot be written) arrive as
-    SafetensorError("... (os error 28) ..."), raising them as the OSError they are."""
-    try:
-        save_file(tensors, path)
-    except SafetensorError as err:
-        code = re.search(r"\(os error (\d+)\)", str(err))
-        if code is None:
-            raise
-        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from err
+    def __init__(self, rank: int, files: dict[str, tuple[Path, list[TensorSpec]]]):
+        self.rank, self.files, self.writers, self.error = rank, files, {}, None
+
+    def __enter__(self) -> "_RankZeroFiles":
+        if self.rank == 0:
+            self.writers = {key: TensorFileWriter(path, specs) for key, (path, specs) in self.files.items()}
+        return self
+
+    def write(self, file: str, name: str, tensor: torch.Tensor) -> None:
+        if self.rank != 0 or self.error is not None:
+            return
+        try:
+            self.writers[file].write(name, tensor)
+        except OSError as err:
+            self.error = err
+
+    def __exit__(self, kind, *_) -> None:
+        for writer in self.writers.values():
+            if kind is None and self.error is None:
+                try:
+                    writer.close()
+                except OSError as err:
+                    self.error = err
+            else:
+                writer.file.close()
+        if kind is None and self.error is not None:
+            raise self.error
 
 
 def _jsonable(state: dict) -> dict:

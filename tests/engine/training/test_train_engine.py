@@ -1,4 +1,8 @@
-"""Checkpoints of the DeepSpeed engine: save -> load -> next update equals the uninterrupted one."""
+"""Checkpoints of the DeepSpeed engine: save -> load -> next update equals the uninterrupted one,
+in every ZeRO stage, in fp32 and bf16 (whose ZeRO-0 and ZeRO-1 run different DeepSpeed optimizer
+wrappers: `master_state.py`), also after the rollout's offload -> reload of the training state."""
+
+import weakref
 
 import pytest
 import torch
@@ -6,9 +10,15 @@ from safetensors.torch import load_file
 
 from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.models.loading import load_causal_lm
-from hflow.engine.training.train_engine import TrainEngine, lr_lambda
+from hflow.engine.training.master_state import MOMENTS, MasterState
+from hflow.engine.training.train_engine import TrainEngine, deepspeed_config, lr_lambda
 from hflow.trainer.config.sections import ActorConfig
 from hflow.trainer.control.worker_specs import optim_spec
+
+WRAPPERS = {(0, "float32"): "AdamW", (0, "bfloat16"): "FP16_UnfusedOptimizer",
+            (1, "float32"): "DeepSpeedZeroOptimizer", (1, "bfloat16"): "BF16_Optimizer",
+            (2, "float32"): "DeepSpeedZeroOptimizer", (2, "bfloat16"): "DeepSpeedZeroOptimizer",
+            (3, "float32"): "DeepSpeedZeroOptimizer_Stage3", (3, "bfloat16"): "DeepSpeedZeroOptimizer_Stage3"}
 
 
 def _update(engine, ids):
@@ -17,32 +27,98 @@ def _update(engine, ids):
     return engine.step()
 
 
-def _engine(tiny_model, cfg, weights=None):
-    model = load_causal_lm(str(tiny_model), torch.float32)
-    if weights is not None:
-        model.load_state_dict(weights, strict=False)
-    return TrainEngine(model, optim_spec(cfg), total_updates=10, micro_batch_size=4, micro_steps=1, bf16=False)
+def _engine(tiny_model, cfg, dtype="float32"):
+    model = load_causal_lm(str(tiny_model), torch.float32).to(getattr(torch, dtype))
+    return TrainEngine(model, optim_spec(cfg), total_updates=10, micro_batch_size=4, micro_steps=1,
+                       bf16=dtype == "bfloat16")
 
 
+def _states(engine):
+    return {(name, key): engine._full_state(p, key).clone()
+            for name, p in engine._named_params() for key in ("param", *MOMENTS)}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_resume_continues_exactly(tiny_model, tmp_path, stage):
+def test_resume_continues_exactly(tiny_model, tmp_path, stage, dtype):
     ensure_process_group(torch.device("cpu"))
     cfg = ActorConfig(lr=1e-2, zero_stage=stage, warmup_steps=2, lr_schedule="cosine")
     ids = torch.randint(3, 50, (4, 12), generator=torch.Generator().manual_seed(0))
-    first = _engine(tiny_model, cfg)
+    first = _engine(tiny_model, cfg, dtype)
+    assert type(first.optimizer).__name__ == WRAPPERS[stage, dtype]
     _update(first, ids)
     _update(first, ids)
+    # A rollout between updates moves the training state off the device and back (on a GPU;
+    # here DeepSpeed's bookkeeping runs the same on CPU tensors), then a checkpoint is written.
+    first.move_states()
+    first.restore_states()
     first.save(tmp_path / "ckpt")
+    saved = _states(first)
     norm_a = _update(first, ids)
 
-    second = _engine(tiny_model, cfg, load_file(tmp_path / "ckpt" / "weights.safetensors"))
+    # A fresh engine from the initial weights: everything trained comes from the checkpoint.
+    second = _engine(tiny_model, cfg, dtype)
     second.load(tmp_path / "ckpt")
     assert second.updates == 2 and second.lr == pytest.approx(first_lr_at(cfg, 2))
+    for key, value in _states(second).items():
+        torch.testing.assert_close(value, saved[key], rtol=0, atol=0, msg=str(key))
     norm_b = _update(second, ids)
     assert norm_b == pytest.approx(norm_a, rel=1e-6)
     for (name, a), (_, b) in zip(first._named_params(), second._named_params()):
         torch.testing.assert_close(first._full_state(a, "param"), second._full_state(b, "param"),
                                    rtol=0, atol=0, msg=name)
+        if stage != 3:  # the module's own (bf16) weights too; ZeRO-3's are partitioned
+            torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=0, msg=name)
+
+
+def test_saved_files_are_safetensors_with_the_full_fp32_state(tiny_model, tmp_path):
+    ensure_process_group(torch.device("cpu"))
+    engine = _engine(tiny_model, ActorConfig(lr=1e-2, zero_stage=2), "bfloat16")
+    ids = torch.randint(3, 50, (4, 12), generator=torch.Generator().manual_seed(0))
+    _update(engine, ids)
+    engine.save(tmp_path / "ckpt")
+    weights = load_file(tmp_path / "ckpt" / "weights.safetensors")
+    moments = load_file(tmp_path / "ckpt" / "optimizer.safetensors")
+    named = engine._named_params()
+    assert list(weights) and set(weights) == {n for n, _ in named}
+    assert set(moments) == {f"{k}/{n}" for n, _ in named for k in MOMENTS}
+    for name, p in named:
+        assert weights[name].dtype == torch.float32 and weights[name].shape == p.shape
+        torch.testing.assert_close(weights[name], engine._full_state(p, "param"), rtol=0, atol=0)
+        torch.testing.assert_close(moments[f"exp_avg/{name}"], engine._full_state(p, "exp_avg"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_save_holds_one_gathered_tensor_at_a_time(tiny_model, tmp_path, monkeypatch, stage):
+    """Every full tensor the save gathers is gone before the next is gathered: a rank's host memory
+    for a checkpoint is one tensor, not the model's fp32 weights and moments (as with save_file)."""
+    ensure_process_group(torch.device("cpu"))
+    engine = _engine(tiny_model, ActorConfig(lr=1e-2, zero_stage=stage), "bfloat16")
+    ids = torch.randint(3, 50, (4, 12), generator=torch.Generator().manual_seed(0))
+    _update(engine, ids)
+    alive: weakref.WeakSet = weakref.WeakSet()
+    most = []
+    get = MasterState.get
+
+    def counting(self, param, key):
+        # A copy stands for what the gather returns; the master itself stays alive regardless.
+        full = get(self, param, key).clone()
+        most.append(len(alive))
+        alive.add(full)
+        return full
+
+    monkeypatch.setattr(MasterState, "get", counting)
+    engine.save(tmp_path / "ckpt")
+    assert len(most) == 3 * len(engine._named_params())
+    assert max(most) == 0  # nothing gathered earlier is still held when the next gather starts
+
+
+def test_bf16_gradients_accumulate_in_fp32_under_zero_1_and_2():
+    for stage in (1, 2):
+        assert deepspeed_config(stage, 1.0, 4, 2, bf16=True)["data_types"] == {"grad_accum_dtype": "fp32"}
+    # DeepSpeed refuses fp32 accumulation of bf16 weights without ZeRO; fp32 weights need nothing.
+    assert "data_types" not in deepspeed_config(0, 1.0, 4, 2, bf16=True)
+    assert "data_types" not in deepspeed_config(2, 1.0, 4, 2, bf16=False)
 
 
 def first_lr_at(cfg, step):
@@ -56,3 +132,24 @@ def test_lr_schedule_shapes():
     assert f(2) == pytest.approx(1.0) and f(7) == pytest.approx(0.1 + 0.9 * 0.5) and f(12) == pytest.approx(0.1)
     cos = lr_lambda(optim_spec(ActorConfig(lr=1.0, lr_schedule="cosine")), 10)
     assert cos(5) == pytest.approx(0.5) and cos(10) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, dtype", [(1, "bfloat16"), (2, "float32"), (3, "float32")])
+def test_two_ranks_resume_exactly(tiny_model, tmp_path, stage, dtype):
+    """Over two data-parallel ranks each rank holds part of the masters and moments: the save gathers
+    every tensor on both (a rank whose partition holds none of a tensor still takes part, with
+    zeros), and a fresh pair of engines continues exactly from the files."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    import checkpoint_ranks
+    from hflow.engine.groups.dist import free_port
+
+    mp.start_processes(checkpoint_ranks.run, nprocs=2, start_method="spawn", join=True,
+                       args=(2, free_port(), stage, dtype, str(tiny_model), str(tmp_path)))
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["tensors"] > 0 and result["updates"] == 3
+    assert result["gap"] == {"loaded": 0.0, "after": 0.0}
+    assert result["norms"][1] == pytest.approx(result["norms"][0], rel=1e-6)
