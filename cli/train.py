@@ -59,6 +59,7 @@ def train(
             if loaded.model.init and not Path(loaded.model.path).exists():
                 build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)
             check_inputs(loaded)  # before a run directory is made for them
+            _check_device(loaded)
             _note_slow_bf16(loaded)
             run = RunDir.reopen(resume, loaded) if resume is not None else RunDir.create(loaded, output_dir)
             run.ray_address = ray_address
@@ -73,6 +74,17 @@ def train(
             typer.echo(f"error: {stop_message(err)}{where}", err=True)
             raise typer.Exit(stop_exit_code(err)) from None
     typer.echo(str(run.path))
+
+
+def _check_device(recipe: Recipe) -> None:
+    """A GPU that CUDA cannot use, or model.dtype bfloat16 on a GPU without it, stops the run in
+    one line before a run directory is made (each worker checks its own GPU again)."""
+    from hflow.engine.groups.dist import pick_device
+    from hflow.engine.models.loading import resolve_dtype
+
+    device = pick_device(recipe.trainer.device)
+    if device.type == "cuda":
+        resolve_dtype(recipe.model.dtype, device)
 
 
 def _note_slow_bf16(recipe: Recipe) -> None:

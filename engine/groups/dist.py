@@ -8,19 +8,87 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import warnings
 
 import torch
 
-from hflow.errors import UserError
+from hflow.errors import UserError, first_line
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("trainer.device is 'cuda' but no CUDA GPU is visible; use 'auto' or 'cpu'")
-    return torch.device(name)
+    """The device of `trainer.device`: `auto` is the GPU when CUDA can use one, the CPU when the
+    machine has no NVIDIA GPU (or CUDA_VISIBLE_DEVICES hides them all, deliberately).
+
+    A machine with an NVIDIA GPU that CUDA cannot use (a driver older than this torch's CUDA, a
+    CPU-only torch build) is an error, not a silent CPU run: a run meant for the GPU would go on
+    for hours at a fraction of the speed before anyone noticed."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if nvidia_gpu_present() and not gpus_hidden():
+        raise UserError(f"trainer.device is {name!r} and this machine has an NVIDIA GPU, but CUDA cannot use it "
+                        f"({cuda_problem()}); fix the driver or the torch build, or set trainer.device: cpu to "
+                        "run on the CPU deliberately")
+    if name == "cuda":
+        hidden = " (CUDA_VISIBLE_DEVICES hides them all)" if gpus_hidden() else ""
+        raise UserError(f"trainer.device is 'cuda' but no CUDA GPU is visible{hidden}; use 'auto' or 'cpu'")
+    return torch.device("cpu")
+
+
+# The NVIDIA driver's files: the first GPU's device node and the kernel module's /proc entry.
+NVIDIA_FILES = ("/dev/nvidia0", "/proc/driver/nvidia")
+
+
+def nvidia_gpu_present() -> bool:
+    """Whether the machine has an NVIDIA GPU, asked of the driver's files rather than of CUDA
+    (which is what may be broken): `NVIDIA_FILES`, or `nvidia-smi` on the PATH."""
+    return any(os.path.exists(path) for path in NVIDIA_FILES) or shutil.which("nvidia-smi") is not None
+
+
+def gpus_hidden() -> bool:
+    """Whether CUDA_VISIBLE_DEVICES hides every GPU (set to nothing, or to -1: CUDA's documented
+    way of running on none), which asks for the CPU as clearly as `trainer.device: cpu` does."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible is not None and visible.strip() in ("", "-1")
+
+
+def cuda_problem() -> str:
+    """Why torch cannot use CUDA, in its own words where it says: initialising CUDA raises the
+    reason ("The NVIDIA driver on your system is too old (found version 11040)...", "Torch not
+    compiled with CUDA enabled"); `torch.cuda.is_available` only warns it, once per process."""
+    build = f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none: a CPU-only build'}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            torch.cuda.init()
+        except Exception as err:  # torch raises RuntimeError or AssertionError, by cause
+            return f"{build}: {first_line(err)}"
+    said = [line for w in caught for line in str(w.message).strip().splitlines()[:1]]
+    return f"{build}: {said[0] if said else 'torch.cuda.is_available() is False'}"
+
+
+def cuda_index(gpu_ids: list, visible: str | None) -> int:
+    """This process's CUDA index of the GPU Ray assigned it (`ray.get_gpu_ids()`).
+
+    Ray names a GPU by its id on the node and, by default, sets the worker's
+    CUDA_VISIBLE_DEVICES to it, so the process sees it as index 0. With
+    RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1 Ray leaves the variable as the node had it:
+    unset, every GPU is visible and the id is the index; set (say "2,3"), Ray's ids are its
+    entries and the index is the position in it (Ray docs, "Accelerator support", and
+    ray/_private/accelerators/nvidia_gpu.py). Plain "cuda" would be index 0 in every rank: all
+    ranks on one GPU."""
+    if not gpu_ids:
+        raise RuntimeError("this Ray worker was placed without a GPU (ray.get_gpu_ids() is empty)")
+    gpu = str(gpu_ids[0]).strip()
+    if visible is None:
+        return int(gpu)
+    order = [entry.strip() for entry in visible.split(",")]
+    if gpu not in order:
+        raise RuntimeError(f"Ray assigned GPU {gpu}, which CUDA_VISIBLE_DEVICES={visible!r} does not list")
+    return order.index(gpu)
 
 
 def prepare_deepspeed(device: torch.device) -> None:
@@ -46,11 +114,14 @@ def ensure_process_group(device: torch.device, rank: int = 0, world_size: int = 
         # A group of one needs no shared rendezvous: always take a fresh local port, so an
         # inherited MASTER_PORT (a parent process's group) cannot collide with ours.
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    # DeepSpeed puts its engine on cuda:LOCAL_RANK. A Ray rank sees only its own GPU (index 0),
-    # so the local rank is the device's index in this process, not the global rank.
+    # DeepSpeed puts its engine on cuda:LOCAL_RANK, and NCCL binds the communicator to the current
+    # device, so both must be this rank's GPU before init: its index in this process (Ray's
+    # assignment: `cuda_index`), not the global rank.
     local = rank
     if device.type == "cuda":
-        local = device.index if device.index is not None else torch.cuda.current_device()
+        if device.index is not None:
+            torch.cuda.set_device(device)
+        local = torch.cuda.current_device()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local))
     import deepspeed
 

@@ -20,9 +20,11 @@ import threading
 import time
 from typing import Any
 
+import torch
+
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
-from hflow.engine.groups.dist import free_port
+from hflow.engine.groups.dist import cuda_index, free_port
 from hflow.engine.groups.ray_futures import (
     Future,
     InputFailed,
@@ -61,8 +63,18 @@ class FusedWorker:
         self.stage_seconds: dict[str, float] = {}
 
     def add_role(self, role: str, worker_cls: type, device: str, args: tuple, kwargs: dict) -> None:
+        """Build `role`'s worker here; `device` "cuda" becomes this process's GPU, `cuda:<index>`."""
+        if device == "cuda":
+            device = self.cuda_device()
         self.roles[role] = worker_cls(*args, rank=self.rank, world_size=self.world_size, device=device,
                                       **kwargs)
+
+    def cuda_device(self) -> str:
+        """The GPU Ray assigned this process, made current before any role builds (DeepSpeed, NCCL
+        and vLLM use the current device; `dist.cuda_index` says why the index is needed)."""
+        index = cuda_index(ray_module().get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        torch.cuda.set_device(index)
+        return f"cuda:{index}"
 
     def call(self, role: str, method: str, args: tuple, kwargs: dict, stage: str | None = None) -> Any:
         # Inputs still being computed elsewhere (a streamed chunk) are waited for here; the stage's

@@ -173,9 +173,32 @@ def config_and_eos(path: str, tokenizer, trust_remote_code: bool = False):
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The torch dtype of `model.dtype` on `device`. `auto` is bfloat16 on a GPU that computes in it
+    natively (compute capability 8.0, Ampere, or newer) and float32 anywhere else.
+
+    Older GPUs (V100: 7.0, T4: 7.5) have no bf16 units: vLLM refuses bfloat16 there ("Bfloat16
+    is only supported on GPUs with compute capability of at least 8.0", vllm/platforms/cuda.py)
+    and torch and DeepSpeed emulate it, far slower than float32. Their fast half type is float16,
+    which hflow does not offer: its 5-bit exponent overflows without loss scaling (Micikevicius
+    et al. 2018, arXiv 1710.03740) and RL's log-ratios and KL terms are where it would overflow
+    first. So `auto` falls back to float32, and an explicit bfloat16 there is an error."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+        return torch.bfloat16 if device.type == "cuda" and gpu_has_bf16(device) else torch.float32
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+    if dtype == torch.bfloat16 and device.type == "cuda" and not gpu_has_bf16(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise UserError(f"model.dtype is bfloat16, but this run's GPU, {torch.cuda.get_device_name(device)} "
+                        f"(compute capability {major}.{minor}), has no native bfloat16 (it needs 8.0, Ampere, "
+                        "or newer); use model.dtype: float32 (or auto, which picks float32 there)")
+    return dtype
+
+
+def gpu_has_bf16(device: torch.device) -> bool:
+    """Whether the GPU `device` computes in bfloat16 natively: compute capability 8.0 or more, vLLM's
+    own test (`check_if_supports_dtype` in vllm/platforms/cuda.py and rocm.py). Not
+    `torch.cuda.is_bf16_supported()`: it answers for the current device, not this one, and by
+    default says True where torch only emulates bf16."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:

@@ -9,7 +9,12 @@ token. Weights come from either
   - a causal LM directory (e.g. the actor's): its backbone (AutoModel) and a new head,
     initialised from the seed (normal, std 1 / (hidden + 1), as OpenRLHF's value head).
 
-Shapes: input_ids, attention_mask, position_ids (B, L) -> scores (B, L).
+Shapes: input_ids, attention_mask, position_ids (B, L) -> scores (B, L), float32.
+
+The head computes in float32 whatever the backbone's dtype (`Fp32Head`): a value or a reward is
+one number read off a regression head, and bfloat16 keeps 8 significant bits, so a value of 3.14
+comes out as 3.140625, and GAE's TD errors r + gamma V(s') - V(s), differences of close values,
+would be mostly rounding (a bf16 step at 3.14 is 0.0156).
 """
 
 from __future__ import annotations
@@ -24,17 +29,41 @@ from hflow.engine.models.loading import check_model_source
 from hflow.errors import UserError
 
 
+class Fp32Head(nn.Linear):
+    """The scalar head, kept and computed in float32: (B, L, H) hidden states of any dtype ->
+    (B, L, 1) float32.
+
+    Its weights are float32 as loaded (a reward or cost model keeps them so). A critic trains
+    under DeepSpeed, whose bf16 mode casts every parameter to bf16 for the forward pass
+    (runtime/engine.py, `_cast_module_mixed_precision`: no per-parameter exception) and keeps the
+    fp32 master copy in its optimizer, which the update and the checkpoints use; the head still
+    multiplies in fp32, from that copy's bf16 rounding. It is a module of its own, called as
+    one, so that ZeRO-3 gathers its weight before the forward (its hooks are per module)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return nn.functional.linear(hidden.float(), self.weight.float(), bias)
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> "Fp32Head":
+        """`linear`'s parameters (the same Parameter objects), in float32, under this forward."""
+        head = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        head.weight = linear.weight
+        head.bias = linear.bias
+        return head.float()
+
+
 class ScoreModel(nn.Module):
     def __init__(self, backbone: nn.Module, head: nn.Linear):
         super().__init__()
         self.backbone = backbone
-        self.head = head
+        self.head = head if isinstance(head, Fp32Head) else Fp32Head.of(head)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                use_cache=False).last_hidden_state
-        return self.head(hidden).squeeze(-1).float()
+        return self.head(hidden).squeeze(-1)
 
     def gradient_checkpointing_enable(self) -> None:
         self.backbone.gradient_checkpointing_enable()
@@ -71,7 +100,7 @@ def load_score_model(path: str, dtype: torch.dtype, trust_remote_code: bool = Fa
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         nn.init.normal_(head.weight, std=1.0 / (hidden + 1))
-    return ScoreModel(backbone, head.to(dtype))
+    return ScoreModel(backbone, head)
 
 
 def _from_classifier(model, info: dict, path: str, what: str) -> ScoreModel:

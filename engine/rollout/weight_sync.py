@@ -111,21 +111,88 @@ class PackedBucket:
     """A bucket for another process (the rollout role's workers, through Ray's object store): one
     flat host tensor and each tensor's name and shape. Pickling the tensors themselves would copy
     each one's whole storage, and a training parameter can be a view into a flat buffer of many
-    (ZeRO's): measured, 1-2 s instead of milliseconds for a 14 MB model."""
+    (ZeRO's): measured, 1-2 s instead of milliseconds for a 14 MB model.
+
+    From a GPU the bucket is packed into a page-locked (pinned) host buffer that this process
+    reuses for every bucket (`HostStaging`): the copies run as DMA, not through the driver's own
+    staging of pageable memory, and no bucket-sized host memory is allocated per bucket (CUDA C++
+    Best Practices Guide, "Pinned Memory"). `flat` is then a view of that buffer, valid until the
+    next `pack` in this process; sending the bucket (pickling it) copies it out. Pickling writes
+    the bucket's bytes alone, as one buffer that Ray's pickle 5 copies straight into its object
+    store (`__reduce__`); torch's own pickle would serialise the whole storage `flat` views (the
+    reused buffer, up to the largest bucket). From the CPU, `pack` is the concatenation it always
+    was."""
 
     names: list[str]
     shapes: list[tuple[int, ...]]
     flat: torch.Tensor
 
     @classmethod
-    def pack(cls, bucket: list[tuple[str, torch.Tensor]]) -> "PackedBucket":
-        flat = torch.cat([tensor.detach().reshape(-1) for _, tensor in bucket]).cpu() if bucket else torch.empty(0)
-        return cls([name for name, _ in bucket], [tuple(t.shape) for _, t in bucket], flat)
+    def pack(cls, bucket: list[tuple[str, torch.Tensor]], staging: "HostStaging | None" = None) -> "PackedBucket":
+        names, shapes = [name for name, _ in bucket], [tuple(t.shape) for _, t in bucket]
+        if not _on_gpu(bucket):
+            flat = torch.cat([t.detach().reshape(-1) for _, t in bucket]).cpu() if bucket else torch.empty(0)
+            return cls(names, shapes, flat)
+        staging = staging if staging is not None else _STAGING
+        flat = staging.take(sum(t.numel() for _, t in bucket), bucket[0][1].dtype)
+        offset = 0
+        for _, tensor in bucket:
+            flat[offset:offset + tensor.numel()].copy_(tensor.detach().reshape(-1), non_blocking=True)
+            offset += tensor.numel()
+        _synchronize(bucket[0][1].device)  # the copies are queued: the buffer is filled only after this
+        return cls(names, shapes, flat)
 
     def unpack(self) -> list[tuple[str, torch.Tensor]]:
         sizes = [int(torch.Size(shape).numel()) for shape in self.shapes]
         return [(name, piece.view(shape))
                 for name, shape, piece in zip(self.names, self.shapes, self.flat.split(sizes))]
+
+    def __reduce__(self):
+        data = self.flat.detach().contiguous().view(-1)
+        return _unpickle_bucket, (self.names, self.shapes, str(data.dtype).removeprefix("torch."),
+                                  data.view(torch.uint8).numpy())
+
+
+def _unpickle_bucket(names: list[str], shapes: list, dtype: str, raw) -> PackedBucket:
+    """A PackedBucket from `__reduce__`'s bytes. Ray hands them back zero-copy, read-only, from its
+    object store; they are copied into this process's memory, as torch's own unpickling did, so
+    that a receiver holding buckets (`vllm_copy.VLLMCopy` keeps a whole version) does not pin
+    them in the object store."""
+    if not raw.size:
+        return PackedBucket(names, [tuple(s) for s in shapes], torch.empty(0, dtype=getattr(torch, dtype)))
+    flat = torch.from_numpy(raw if raw.flags.writeable else raw.copy())
+    return PackedBucket(names, [tuple(s) for s in shapes], flat.view(getattr(torch, dtype)))
+
+
+class HostStaging:
+    """A pinned host buffer, reused for every bucket packed from a GPU and grown to the largest
+    (a bucket is at most `rollout.weight_bucket_mb`, or one tensor larger than that)."""
+
+    def __init__(self):
+        self.buffer: torch.Tensor | None = None
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat tensor of `numel` elements of `dtype`, at the start of the buffer."""
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if self.buffer is None or self.buffer.numel() < nbytes:
+            self.buffer = None  # release the smaller one first
+            self.buffer = _pinned_bytes(nbytes)
+        return self.buffer[:nbytes].view(dtype)
+
+
+_STAGING = HostStaging()  # one per process: a process is one rank, packing one bucket at a time
+
+
+def _on_gpu(bucket: list[tuple[str, torch.Tensor]]) -> bool:
+    return bool(bucket) and all(tensor.is_cuda for _, tensor in bucket)
+
+
+def _pinned_bytes(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def _synchronize(device: torch.device) -> None:
+    torch.cuda.current_stream(device).synchronize()
 
 
 def _gathered(params: list[torch.nn.Parameter], zero3: bool):

@@ -83,3 +83,43 @@ def test_algorithm_input_mistakes(tmp_path, tiny_model):
     assert_one_line_error(run_hflow("validate", str(critic)), "critic.mini_batch_size=5")
     assert_one_line_error(run_hflow("init-model", "tiny-reward", str(tmp_path / "rm"), "--task", "poems"),
                           "--task 'poems'", "digits")
+
+
+def test_a_gpu_cuda_cannot_use_stops_auto_instead_of_falling_back_to_the_cpu(recipe, tmp_path):
+    """`trainer.device: auto` on a machine with an NVIDIA GPU (here: `nvidia-smi` on the PATH)
+    that this torch cannot use (here: a CPU-only build) says so, in one line."""
+    import os
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA works here: auto is the GPU")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    path = os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    result = run_hflow("train", str(recipe), "--set", "trainer.device=auto", env={"PATH": path})
+    assert_one_line_error(result, "NVIDIA GPU, but CUDA cannot use it", f"torch {torch.__version__}",
+                          "trainer.device: cpu")
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was made
+
+
+def test_bfloat16_on_a_gpu_without_it_stops_before_a_run_directory(monkeypatch, tmp_path, tiny_model):
+    """model.dtype bfloat16 on a pre-Ampere GPU (stood in for: CUDA and its answers mocked)."""
+    import torch
+    from typer.testing import CliRunner
+
+    from hflow.cli.app import app
+    from hflow.errors import UserError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    path = write_recipe(tmp_path / "r.yaml", tiny_model)
+    result = CliRunner().invoke(app, ["train", str(path), "--set", "model.dtype=bfloat16"])
+    assert isinstance(result.exception, UserError), result.output  # `hflow` prints it in one line, exit 2
+    for needle in ("model.dtype is bfloat16", "Tesla V100-SXM2-32GB", "compute capability 7.0"):
+        assert needle in str(result.exception)
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was made

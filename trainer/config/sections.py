@@ -31,7 +31,7 @@ class ModelConfig(Section):
         False, description="Allow model code shipped inside the model directory to run. Off for safety."
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="Training and generation dtype; `auto` is bfloat16 on GPU and float32 on CPU."
+        "auto", description="Training and generation dtype; `auto`: bfloat16 on a GPU of compute capability 8.0+, else float32."
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass to save memory."

@@ -136,3 +136,71 @@ def test_tiny_cost_model_scores_high_digits_as_costly(tiny_model, tmp_path):
                   {"prompt": ["write digits: "] * 3})
     costs = worker.compute_cost(batch)["costs"]
     assert costs[0] > 0.7 and abs(float(costs[1])) < 0.15 and abs(float(costs[2])) < 0.15, costs
+
+
+def _head_reference(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backbone's hidden states (B, L, H) and the head computed on them in float32 (B, L)."""
+    with torch.no_grad():
+        hidden = model.backbone(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state
+        weight, bias = model.head.weight.float(), model.head.bias
+        expected = hidden.float() @ weight.T + (0 if bias is None else bias.float())
+    return hidden, expected.squeeze(-1)
+
+
+@pytest.mark.parametrize("source", ["causal_lm", "classifier"])
+def test_the_head_keeps_float32_over_a_bfloat16_backbone(tiny_model, tiny_scorer, source):
+    """A value or reward is one regression output: bf16's 8 significant bits would round it
+    (3.14 -> 3.140625); the head's weights and output stay float32 whatever the backbone's dtype."""
+    path = str(tiny_model if source == "causal_lm" else tiny_scorer)
+    model = load_score_model(path, torch.bfloat16, seed=3).eval()
+    assert {p.dtype for p in model.backbone.parameters()} == {torch.bfloat16}
+    assert model.head.weight.dtype == torch.float32
+    ids = torch.randint(3, 50, (2, 7))
+    hidden, expected = _head_reference(model, ids)
+    assert hidden.dtype == torch.bfloat16
+    with torch.no_grad():
+        scores = model(ids, torch.ones_like(ids))
+    assert scores.dtype == torch.float32
+    torch.testing.assert_close(scores, expected, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(scores, scores.bfloat16().float())  # a bf16 output would have lost these bits
+
+
+def test_the_critic_values_are_float32_under_deepspeed_bf16(tiny_model, tiny_scorer):
+    """model.dtype bfloat16 on the CPU (DeepSpeed's bf16 mode): DeepSpeed casts every parameter
+    to bf16, the head included (its fp32 master copy is the optimizer's), and the head still
+    computes in float32: the values equal the fp32 head on the same hidden states; it trains."""
+    from hflow.engine.workers.critic import CriticWorker
+
+    ensure_process_group(torch.device("cpu"))
+    recipe = Recipe(model={"path": str(tiny_model), "dtype": "bfloat16"}, data={"train": "synthetic:digits"},
+                    algorithm="ppo", reward={"model": str(tiny_scorer)}, critic={"lr": 1e-3, "micro_batch_size": 3},
+                    actor={"micro_batch_size": 3}, rollout={"n": 2}, trainer={"prompts_per_step": 3, "total_steps": 5})
+    critic = CriticWorker(worker_spec(recipe, "critic"))
+    critic.init_model()
+    module = critic.train_engine.module
+    assert critic.train_engine.engine.bfloat16_enabled()
+    batch = _rollout(tiny_model)
+    values = critic.compute_values(batch)["values"]
+    assert values.dtype == torch.float32
+    with torch.no_grad():
+        hidden = module.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                 position_ids=batch["position_ids"], use_cache=False).last_hidden_state
+        expected = (hidden.float() @ module.head.weight.float().T).squeeze(-1)
+    width = batch["responses"].shape[1]
+    torch.testing.assert_close(values, expected[:, -width - 1:-1] * batch["response_mask"], rtol=1e-6, atol=1e-7)
+    batch |= Batch({"values": values, "returns": torch.full_like(values, 0.5) * batch["response_mask"]})
+    losses = [critic.update_critic(batch)["critic/loss"] for _ in range(3)]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.gpu
+def test_the_head_keeps_float32_on_the_gpu(tiny_scorer):
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = load_score_model(str(tiny_scorer), torch.bfloat16).to(device).eval()
+    assert model.head.weight.dtype == torch.float32
+    ids = torch.randint(3, 50, (2, 7), device=device)
+    hidden, expected = _head_reference(model, ids)
+    with torch.no_grad():
+        scores = model(ids, torch.ones_like(ids))
+    assert hidden.dtype == torch.bfloat16 and scores.dtype == torch.float32
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)  # TF32 may differ in the last bits

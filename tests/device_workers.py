@@ -1,0 +1,22 @@
+"""A worker that reports where it runs, for the tests of each Ray rank's GPU (`test_ray_gpus.py`)."""
+
+import os
+
+import torch
+
+from hflow.engine.groups.dispatch import Dispatch, register
+from hflow.engine.groups.worker import Worker
+
+
+class DeviceWorker(Worker):
+    def __init__(self, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+        super().__init__(rank, world_size)
+        self.device = device
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def where(self) -> dict:
+        """This rank's device, the current CUDA device, and its GPU's UUID (one per physical GPU)."""
+        cuda = torch.device(self.device).type == "cuda"
+        return {"device": self.device, "current": torch.cuda.current_device() if cuda else None,
+                "uuid": str(torch.cuda.get_device_properties(self.device).uuid) if cuda else None,
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
