@@ -14,11 +14,11 @@ Shapes (N = prompts x n, P = longest prompt, R = longest response):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from hflow.engine.lm_head import logits_kwargs
 from hflow.engine.rollout.assembly import assemble_rollout, positions
 from hflow.engine.rollout.fast_decode import FastDecoder, supports
 
@@ -103,22 +103,17 @@ class GenerationCancelled(Exception):
 class HFGenerator:
     """Finished rows stay in the decoding batch, fed padding, until they are a quarter of it;
     then they are dropped together (each drop copies the KV cache, so one per row would cost
-    more than it saves on small batches).
-
-    `sync_done`, when given, is asked after every decoding step whether *every* rank is done
-    (ZeRO-3 gathers parameters with collectives inside each forward, so all ranks must run the
-    same number of steps); a rank whose rows have all finished keeps stepping on padding."""
+    more than it saves on small batches). Nothing in a generation is collective: under ZeRO-3 the
+    actor generates on whole weights gathered once (`gathered_generator.py`), so each rank stops
+    when its own rows are done."""
 
     def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, batch_size: int,
-                 sync_done: Callable[[bool], bool] | None = None, fast: bool = True):
+                 fast: bool = True):
         self.model = model
-        # The lean decoding step (fast_decode.py) where the architecture allows; the lockstep
-        # (ZeRO-3) path keeps transformers' forward, which DeepSpeed's gathering hooks need.
-        self.fast = fast and sync_done is None and supports(model)
+        self.fast = fast and supports(model)  # the lean decoding step (fast_decode.py) where it applies
         self.eos = torch.tensor(sorted(set(eos_token_ids)))
         self.pad = pad_token_id
         self.batch_size = batch_size
-        self.sync_done = sync_done
         # Set from another thread to stop a generation at its next token (the async generator's
         # way to end with the run: `generator_copy.py`); None: never cancelled.
         self.cancel = None
@@ -150,8 +145,9 @@ class HFGenerator:
             ids[row, width - len(p):] = torch.tensor(p)
             mask[row, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True)
-        # One prefill per prompt, shared by its n samples.
+        # One prefill per prompt, shared by its n samples; the LM head on its last position only.
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
+                         **logits_kwargs(self.model, 1, width, device))
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)
@@ -187,10 +183,7 @@ class HFGenerator:
             if finished is not None:
                 done |= finished
             ended = int(done.sum())
-            all_done = ended == len(done)
-            if self.sync_done is not None:
-                all_done = self.sync_done(all_done)
-            if t + 1 == params.max_new_tokens or all_done:
+            if t + 1 == params.max_new_tokens or ended == len(done):
                 break
             finished = done if ended else None
             if finished is not None and self._compact(ended, len(done)):
@@ -208,7 +201,7 @@ class HFGenerator:
     @staticmethod
     def _compact(ended: int, batch: int) -> bool:
         """Whether to drop the finished rows now: once they are a quarter of the batch (each
-        drop copies the KV cache), and never all of them (a lockstep rank still steps)."""
+        drop copies the KV cache); all of them never (the generation is then over)."""
         return ended < batch and ended * 4 >= batch
 
     def _collect(self, prompts, n, rows: int, max_new: int, record):

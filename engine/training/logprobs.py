@@ -2,7 +2,9 @@
 
 Used by the actor (old and new policy), the reference, and the update. Logits are
 divided by the sampling temperature so that training scores tokens under the same
-distribution they were sampled from.
+distribution they were sampled from. The LM head runs only on the positions scored
+(`lm_head.logits_kwargs`), and the log-probs come from its logits a chunk of tokens at a time
+(`token_logprobs.token_log_probs`): no float32 copy of all the logits.
 
 Two ways to score, the same numbers (tested against each row scored alone):
   shared prompt  a prompt's n samples run its prompt once; the KV cache is repeated to them
@@ -11,27 +13,16 @@ Two ways to score, the same numbers (tested against each row scored alone):
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
+from hflow.engine.lm_head import logits_kwargs, model_behind
 from hflow.engine.rollout.assembly import positions
-
-
-@functools.cache
-def _takes_logits_to_keep(model_type: type) -> bool:
-    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
-
-
-def _logits_kwargs(forward: Callable, keep: int) -> dict:
-    """`logits_to_keep` for models that take it: the LM head then runs only on the last `keep`
-    positions, not on the prompts' (with a large vocabulary, most of the logits' memory)."""
-    return {"logits_to_keep": keep} if _takes_logits_to_keep(type(_model(forward))) else {}
+from hflow.engine.training.lockstep import agreed, several_ranks
+from hflow.engine.training.token_logprobs import token_log_probs
 
 
 def prompt_groups(batch: Batch) -> torch.Tensor:
@@ -47,72 +38,78 @@ def prompt_groups(batch: Batch) -> torch.Tensor:
 
 def response_log_probs(forward: Callable, batch: Batch, temperature: float,
                        with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(B, R) log-probs of `responses` given everything before them; entropy (B, R) if asked.
+    """(B, R) float32 log-probs of `responses` given everything before them; entropy (B, R) if asked.
 
     Rows that share their prompt with the row before (a prompt's n samples) are scored with
-    the prompt run once (`_shared_prompt_logits`), unless `batch.meta["share_prompts"]` is false
+    the prompt run once (`_shared_prompt_scores`), unless `batch.meta["share_prompts"]` is false
     (set by `packing.micro_batches`, which chose a cut for whole rows); otherwise every row is
-    scored whole (`_left_aligned_logits`).
+    scored whole (`_left_aligned_scores`). See `shares_prompts` for `batch.meta["lockstep"]`.
     """
-    responses = batch[col.RESPONSES]
     groups = prompt_groups(batch)
-    share = batch.meta.get("share_prompts", True)
-    if share and int(groups[-1]) + 1 < len(groups) and _can_share(forward):
-        logits = _shared_prompt_logits(forward, batch, groups)
-    else:
-        logits = _left_aligned_logits(forward, batch)
-    log_softmax = F.log_softmax(logits.float() / temperature, dim=-1)
-    log_probs = log_softmax.gather(-1, responses[..., None]).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-    return log_probs, entropy
+    if shares_prompts(forward, batch, groups):
+        return _shared_prompt_scores(forward, batch, groups, temperature, with_entropy)
+    return _left_aligned_scores(forward, batch, temperature, with_entropy)
 
 
-def _model(forward: Callable):
-    """The model behind `forward`: a bound method (DeepSpeed's) or the model; with LoRA, peft's
-    base model (whose forward, called through peft's, takes the same arguments)."""
-    owner = getattr(forward, "__self__", forward)
-    model = getattr(owner, "module", owner)
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+def shares_prompts(forward: Callable, batch: Batch, groups: torch.Tensor | None = None) -> bool:
+    """Whether `response_log_probs` runs `batch`'s prompts once (two forwards) or its rows whole (one).
+
+    Normally: where some rows repeat a prompt, unless `batch.meta["share_prompts"]` is false. With
+    `batch.meta["lockstep"]` (ZeRO-3 ranks, `lockstep.py`) `share_prompts` is the choice itself,
+    agreed by every rank, whatever this batch's rows: a batch without repeated prompts is then
+    scored in two forwards too (each row its own group: the same numbers).
+    """
+    share = batch.meta.get("share_prompts", True) and _can_share(forward)
+    if batch.meta.get("lockstep") or not share:
+        return bool(share)
+    groups = prompt_groups(batch) if groups is None else groups
+    return int(groups[-1]) + 1 < len(groups)
 
 
 def _can_share(forward: Callable) -> bool:
     """The prompt's cache must carry gradients into the response pass: not with activation
     checkpointing (transformers turns the cache off there while training)."""
-    model = _model(forward)
+    model = model_behind(forward)
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"
     return not (torch.is_grad_enabled() and getattr(model, name, False))
 
 
-def _shared_prompt_logits(forward: Callable, batch: Batch, groups: torch.Tensor) -> torch.Tensor:
-    """(B, R, vocab) logits predicting each response token, each distinct prompt run once.
+def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor, temperature: float,
+                          with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, R) log-probs (and entropy), each distinct prompt run once.
 
     The prompts (left-padded, as in the rollout) go through the model once per group with the
     KV cache on; the cache is repeated to the group's rows (an indexing step, so gradients flow
     back into the prompt pass), and the responses run on top of it. The last prompt position's
-    logits predict every row's first response token.
+    logits predict every row's first response token; response position t's, token t + 1.
     """
-    mask = batch[col.ATTENTION_MASK]
-    width_r = batch[col.RESPONSES].shape[1]
+    mask, responses = batch[col.ATTENTION_MASK], batch[col.RESPONSES]
+    rows, width_r = responses.shape
     width_p = mask.shape[1] - width_r
     first_rows = torch.cat([groups.new_zeros(1), (groups[1:] != groups[:-1]).nonzero().squeeze(-1) + 1])
     prompt_ids, prompt_mask = batch[col.INPUT_IDS][first_rows, :width_p], mask[first_rows, :width_p]
     prefix = forward(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
-                     use_cache=True, **_logits_kwargs(forward, 1))
+                     use_cache=True, **logits_kwargs(forward, 1, width_p, prompt_ids.device))
     cache = prefix.past_key_values
-    cache.batch_select_indices(groups.to(prompt_ids.device))
+    groups = groups.to(prompt_ids.device)
+    cache.batch_select_indices(groups)
     start = mask[:, :width_p].sum(-1, keepdim=True)
-    out = forward(input_ids=batch[col.RESPONSES], attention_mask=mask,
+    out = forward(input_ids=responses, attention_mask=mask,
                   position_ids=start + torch.arange(width_r, device=mask.device)[None],
                   past_key_values=cache, use_cache=True)
-    first = prefix.logits[:, -1:][groups]
-    return torch.cat([first, out.logits[:, :-1]], dim=1)
+    last = prefix.logits.shape[1] - 1
+    first = token_log_probs(prefix.logits, (groups, torch.full_like(groups, last)), responses[:, 0],
+                            temperature, with_entropy)
+    row = torch.arange(rows, device=mask.device)[:, None].expand(-1, width_r - 1)
+    column = torch.arange(width_r - 1, device=mask.device)[None].expand(rows, -1)
+    rest = token_log_probs(out.logits, (row, column), responses[:, 1:], temperature, with_entropy)
+    return tuple(torch.cat([a[:, None], b], dim=1) if a is not None else None for a, b in zip(first, rest))
 
 
-def _left_aligned_logits(forward: Callable, batch: Batch) -> torch.Tensor:
-    """(B, R, vocab) logits predicting each response token, every row scored whole.
+def _left_aligned_scores(forward: Callable, batch: Batch, temperature: float,
+                         with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, R) log-probs (and entropy), every row scored whole.
 
     The rollout layout (prompts left-padded, responses right-padded) is shifted so that every
     row starts at column 0: a causal model then needs no attention mask (padding only follows
@@ -128,22 +125,51 @@ def _left_aligned_logits(forward: Callable, batch: Batch) -> torch.Tensor:
     input_ids = batch[col.INPUT_IDS].gather(1, source.clamp(max=mask.shape[1] - 1))
     # Logits at column t predict token t + 1: row i's response logits start at column p_i - 1.
     first = int(prompt_lengths.min()) - 1
-    out = forward(input_ids=input_ids, use_cache=False, **_logits_kwargs(forward, columns - first))
-    logits = out.logits[:, -(columns - first):]
+    out = forward(input_ids=input_ids, use_cache=False,
+                  **logits_kwargs(forward, columns - first, columns, mask.device))
+    logits = out.logits
+    kept = columns - first  # the logits' last `kept` columns are columns first, first + 1, ...
     at = (prompt_lengths - 1 - first)[:, None] + torch.arange(width_r, device=mask.device)[None]
-    at = at.clamp(max=logits.shape[1] - 1)  # past a row's end: masked out by response_mask
-    return logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
+    at = at.clamp(max=kept - 1) + (logits.shape[1] - kept)  # past a row's end: masked out by response_mask
+    row = torch.arange(len(at), device=mask.device)[:, None].expand_as(at)
+    return token_log_probs(logits, (row, at), responses, temperature, with_entropy)
 
 
 @torch.no_grad()
 def batched_log_probs(forward: Callable, batch: Batch, temperature: float, micro_batch_size: int,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`response_log_probs` over micro-batches, without gradients."""
-    parts = [response_log_probs(forward, micro, temperature, with_entropy)
-             for micro in batch.split(micro_batch_size)]
+                      with_entropy: bool = False, zero3: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_log_probs` over micro-batches of `micro_batch_size` rows, without gradients.
+
+    `zero3` (the model is a ZeRO-3 shard): with several ranks every rank runs the same forwards
+    (`lockstep.py`): they agree whether to share prompts (only if all would) and on the number of
+    micro-batches (the most any has), a rank with fewer running one-token dummies.
+    """
+    micros = batch.split(micro_batch_size)
+    dummies = 0
+    if zero3 and several_ranks():
+        device = batch[col.RESPONSES].device
+        share = agreed(len(batch) > 0 and shares_prompts(forward, batch), "min", device)
+        dummies = agreed(len(micros), "max", device) - len(micros)
+        micros = micros + [_dummy(batch)] * dummies
+        for micro in micros:
+            micro.meta.update(share_prompts=bool(share), lockstep=True)
+    parts = [response_log_probs(forward, micro, temperature, with_entropy) for micro in micros]
+    parts = parts[:len(parts) - dummies]
+    if not parts:
+        empty = batch[col.RESPONSES].new_zeros(batch[col.RESPONSES].shape, dtype=torch.float32)
+        return empty, empty.clone() if with_entropy else None
     log_probs = torch.cat([p[0] for p in parts])
     entropy = torch.cat([p[1] for p in parts]) if with_entropy else None
     return log_probs, entropy
+
+
+def _dummy(like: Batch) -> Batch:
+    """One row of one prompt token and one response token (token id 0): a forward that only
+    keeps a rank in step with the others."""
+    ids = like[col.RESPONSES].new_zeros(1, 2)
+    mask = torch.ones_like(ids, dtype=like[col.ATTENTION_MASK].dtype)
+    return Batch({col.INPUT_IDS: ids, col.ATTENTION_MASK: mask, col.RESPONSES: ids[:, 1:],
+                  col.RESPONSE_MASK: mask[:, 1:]})
 
 
 def ptx_loss(forward: Callable, batch: Batch, rows: int) -> torch.Tensor:
@@ -152,7 +178,9 @@ def ptx_loss(forward: Callable, batch: Batch, rows: int) -> torch.Tensor:
     mini-batch's rows on this rank), so that micro-batch shares add up to the mini-batch mean."""
     ids, mask = batch[col.PTX_INPUT_IDS], batch[col.PTX_ATTENTION_MASK]
     out = forward(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
-    log_probs = F.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    row = torch.arange(len(ids), device=ids.device)[:, None].expand(-1, ids.shape[1] - 1)
+    column = torch.arange(ids.shape[1] - 1, device=ids.device)[None].expand(len(ids), -1)
+    log_probs, _ = token_log_probs(out.logits, (row, column), ids[:, 1:], 1.0)
     target = mask[:, 1:].float()
     per_row = -(log_probs * target).sum(-1) / target.sum(-1).clamp(min=1)
     return per_row.sum() / rows

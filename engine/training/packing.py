@@ -17,6 +17,7 @@ import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
+from hflow.engine.training.lockstep import agreed
 from hflow.engine.training.logprobs import prompt_groups
 
 SEQUENCE_KEYS = (col.INPUT_IDS, col.ATTENTION_MASK, col.POSITION_IDS)
@@ -97,6 +98,8 @@ def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tenso
     cuts, cost = _cheapest_cut(len(order), padded, overhead, max_tokens)
     cuts = _split_to([[order[k] for k in group] for group in cuts], min_groups)
     rows = [[row for u in chosen for row in unit_rows[u]] for chosen in cuts]
+    # Fewer prompt groups than `min_groups`: split within a group (each part runs its prompt).
+    rows = _split_to(rows, min_groups)
     return (rows, cost) if with_cost else rows
 
 
@@ -134,12 +137,16 @@ def _split_to(groups: list[list[int]], min_groups: int) -> list[list[int]]:
 
 
 def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | None, world_size: int,
-                  device, share_prompts: bool = False) -> list[Batch]:
+                  device, share_prompts: bool = False, zero3: bool = False) -> list[Batch]:
     """A mini-batch's micro-batches: rows grouped by length within the token budget (default
     `micro_batch_size` x the longest sequence), shared padding cut. With `share_prompts` (rows
     scored by `logprobs.response_log_probs`, no activation checkpointing), the n samples of a
     prompt stay together so that their prompt runs once. Every rank of a data-parallel group
-    gets the same number of micro-batches, since ZeRO reduces gradients collectively."""
+    gets the same number of micro-batches, since ZeRO reduces gradients collectively.
+
+    `zero3` (a ZeRO-3 shard is trained, `lockstep.py`): the ranks also agree whether to share
+    prompts (only if every rank's cheaper cut does), and each micro-batch is marked so that
+    `response_log_probs` follows that choice, not its own rows: every rank runs the same forwards."""
     lengths = mini[col.ATTENTION_MASK].sum(-1)
     budget = micro_batch_tokens or micro_batch_size * int(lengths.max())
     cut = functools.partial(token_budget_groups, lengths, budget)
@@ -151,16 +158,25 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
         responses = real_response_lengths(mini)
         shared = functools.partial(prompt_group_cut, lengths - responses, responses, groups, budget)
         shared_rows, shared_cost = shared(with_cost=True)
-        if shared_cost < cost:
-            cut, rows = shared, shared_rows
+        cheaper = shared_cost < cost
+    else:
+        cheaper = False
+    lockstep = zero3 and world_size > 1
+    if lockstep:
+        cheaper = bool(agreed(cheaper, "min", device))
+    if cheaper:
+        cut, rows = shared, shared_rows
     if world_size > 1:
-        count = torch.tensor([len(rows)], device=device)
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        if int(count) > len(rows):
-            rows = cut(min_groups=int(count))
+        count = agreed(len(rows), "max", device)
+        if count > len(rows):
+            rows = cut(min_groups=count)
+        if lockstep and len(rows) < count:
+            raise RuntimeError(f"ZeRO-3 ranks must run the same micro-batches, but this rank has {len(mini)} "
+                               f"rows for {count}: data-parallel ranks must hold equal row counts")
     micros = [trim_padding(mini.index(r)) for r in rows]
     for micro in micros:
         micro.meta["share_prompts"] = cut.func is prompt_group_cut
+        micro.meta["lockstep"] = lockstep
     return micros
 
 

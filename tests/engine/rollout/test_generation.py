@@ -54,20 +54,6 @@ def test_filter_logits_top_k_and_top_p():
     assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
 
 
-def test_lockstep_decoding_matches_compacting_decoding(tiny_model):
-    """The ZeRO-3 path (finished rows stay, fed padding) yields the same tokens and log-probs."""
-    tok, model, engine = _engine(tiny_model)
-    prompts = [tok(t, add_special_tokens=False).input_ids for t in ["write digits: ", "say q: "]]
-    params = SamplingParams(max_new_tokens=30, temperature=1.0)
-    a = engine.generate(prompts, 4, params, torch.Generator().manual_seed(3))
-    steps = []
-    engine.sync_done = lambda done: steps.append(done) or done
-    b = engine.generate(prompts, 4, params, torch.Generator().manual_seed(3))
-    assert steps, "the lockstep hook was consulted"
-    assert torch.equal(a["responses"], b["responses"])
-    torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
-
-
 def test_fast_decoding_step_matches_the_transformers_forward(tiny_model):
     """The lean decoding path against transformers' forward: same samples, same log-probs."""
     tok, model, engine = _engine(tiny_model, batch_size=8)
@@ -99,3 +85,54 @@ def test_gumbel_max_sampling_follows_the_softmax():
                             device=torch.device("cpu"), block_values=3 * 20000 * 5)
     same_seed.at(0, None)  # steps are asked for in order
     assert torch.equal(same_seed.at(4, rows), noise.at(4, rows))
+
+
+class _Recorded(torch.nn.Module):
+    """The tiny model behind a forward that records, per call, how many positions went in and how
+    many positions of logits came out (and `logits_to_keep`, for a forward that takes it)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.calls = model, []
+
+    def _call(self, **kwargs):
+        out = self.inner(**kwargs)
+        keep = kwargs.get("logits_to_keep")
+        self.calls.append({"positions": kwargs["input_ids"].shape[1], "logits": out.logits.shape[1],
+                           "logits_to_keep": keep.tolist() if isinstance(keep, torch.Tensor) else keep})
+        return out
+
+
+class _TakesLogitsToKeep(_Recorded):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None,
+                logits_to_keep=0):
+        return self._call(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep)
+
+
+class _AllLogits(_Recorded):
+    """A forward without `logits_to_keep`: the LM head on every position, as the prefill was before."""
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None):
+        return self._call(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=past_key_values, use_cache=use_cache)
+
+
+def test_prefill_computes_the_last_position_s_logits_only(tiny_model):
+    """The prompt's other positions' logits are never read: a model that takes `logits_to_keep` is
+    asked for 1 (with Qwen2.5's vocabulary, 32 x 512-token prompts would make 5 GB of them in bf16).
+    The samples are those of a model computing all the logits."""
+    tok, model, _ = _engine(tiny_model)
+    prompts = [tok(t, add_special_tokens=False).input_ids for t in ["write digits: ", "say q: "]]
+    params = SamplingParams(max_new_tokens=20, temperature=0.8)
+    runs = {}
+    for wrapper in (_TakesLogitsToKeep, _AllLogits):
+        recorded = wrapper(model)
+        engine = HFGenerator(recorded, [tok.eos_token_id], tok.pad_token_id, 64)
+        runs[wrapper] = engine.generate(prompts, 3, params, torch.Generator().manual_seed(11)), recorded.calls
+    (kept, kept_calls), (whole, whole_calls) = runs[_TakesLogitsToKeep], runs[_AllLogits]
+    width = max(map(len, prompts))
+    assert kept_calls[0] == {"positions": width, "logits": 1, "logits_to_keep": [width - 1]}
+    assert whole_calls[0] == {"positions": width, "logits": width, "logits_to_keep": None}
+    assert torch.equal(kept["responses"], whole["responses"])
+    torch.testing.assert_close(kept["rollout_log_probs"], whole["rollout_log_probs"], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,94 @@
+"""Log-probs and entropies of chosen tokens from vocabulary-sized logits, in bounded memory.
+
+The straightforward `log_softmax(logits.float() / T).gather(...)` makes several float32 copies
+of every (row, position, vocab) logit at once (the cast, the division, the log-softmax, and
+`exp` for the entropy), each kept alive until the end; with Qwen2.5's 151,936-token vocabulary
+one copy of 32 rows x 512 positions is 10 GB. Here the tokens are taken a chunk at a time, so
+only one chunk's float32 temporaries exist at once, and the backward pass recomputes the
+softmax per chunk from the logits instead of keeping float32 copies for it (the logits are
+kept, as the LM head's output already is). The arithmetic, with s = logits / T:
+
+  log p_j = s_j - logsumexp(s)
+  H       = -sum_j p_j log p_j
+  d log p_y / d logit_j = (1[j = y] - p_j) / T
+  d H / d logit_j       = -p_j (s_j - E_p[s]) / T = -p_j (log p_j + H) / T
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK_VALUES = 1 << 24  # float32 values in one chunk's temporary: 64 MiB, ~110 tokens of Qwen2.5's vocabulary
+
+
+def token_log_probs(logits: torch.Tensor, where: tuple[torch.Tensor, ...], tokens: torch.Tensor,
+                    temperature: float, with_entropy: bool = False,
+                    chunk_values: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) at `logits[where]` of `tokens`, under softmax(logits / temperature).
+
+    logits: (*lead, V) in any float dtype; where: one index tensor per leading dim, all of one
+    shape S (advanced indexing: `logits[where]` is (*S, V), but is never built whole);
+    tokens: (*S) token ids. Returns float32 (*S) log-probs and (*S) entropy, or None.
+    Gradients flow to `logits` (an index met twice gets both gradients).
+    """
+    shape = tokens.shape
+    flat = tuple(w.reshape(-1) for w in where)
+    chunk = max(1, (chunk_values or CHUNK_VALUES) // logits.shape[-1])
+    log_probs, entropy = _TokenLogProbs.apply(logits, tokens.reshape(-1), temperature, with_entropy, chunk, *flat)
+    return log_probs.view(shape), entropy.view(shape) if with_entropy else None
+
+
+def _scaled(logits: torch.Tensor, where: tuple[torch.Tensor, ...], temperature: float) -> torch.Tensor:
+    """(c, V) float32 logits / T at `where`: a fresh tensor (indexing copies), so it may be changed
+    in place; no division at T = 1."""
+    z = logits[where].float()
+    return z if temperature == 1.0 else z.div_(temperature)
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, tokens, temperature, with_entropy, chunk, *where):
+        lse = logits.new_empty(tokens.shape, dtype=torch.float32)
+        log_probs = torch.empty_like(lse)
+        entropy = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
+        for start in range(0, len(tokens), chunk):
+            part = slice(start, start + chunk)
+            z = _scaled(logits, tuple(w[part] for w in where), temperature)
+            lse[part] = torch.logsumexp(z, -1)
+            log_p = z.sub_(lse[part, None])  # -sum p log p, not logsumexp - sum p s: no cancellation
+            log_probs[part] = log_p.gather(-1, tokens[part, None]).squeeze(-1)
+            if with_entropy:
+                entropy[part] = log_p.exp().mul_(log_p).sum(-1).neg_()
+        ctx.save_for_backward(logits, tokens, lse, entropy, *where)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.set_materialize_grads(False)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, grad_entropy):
+        logits, tokens, lse, entropy, *where = ctx.saved_tensors
+        grad = torch.zeros_like(logits)
+        if grad_entropy is None or not entropy.numel():
+            grad_entropy = None
+        for start in range(0, len(tokens), ctx.chunk):
+            part = slice(start, start + ctx.chunk)
+            at = tuple(w[part] for w in where)
+            log_p = _scaled(logits, at, ctx.temperature).sub_(lse[part, None])
+            p = log_p.exp()
+            # In place where possible: two chunk-sized float32 tensors at once. s - E_p[s] is
+            # log p + H (both shifted by logsumexp).
+            from_entropy = None if grad_entropy is None else log_p.add_(entropy[part, None]).mul_(p).mul_(
+                grad_entropy[part, None])
+            if grad_log_probs is None:
+                g = p.zero_()
+            else:
+                g = p.mul_(grad_log_probs[part, None].neg())
+                g.scatter_add_(-1, tokens[part, None], grad_log_probs[part, None])
+            if from_entropy is not None:
+                g.sub_(from_entropy)
+            if ctx.temperature != 1.0:
+                g.div_(ctx.temperature)
+            grad.index_put_(at, g.to(grad.dtype), accumulate=True)
+        return (grad, None, None, None, None, *[None] * len(where))
