@@ -103,7 +103,10 @@ FROM app AS smoke
 # instead of coming from the layer cache.
 ARG SMOKE_RUN=
 RUN echo "smoke run ${SMOKE_RUN}" && hflow --help
-RUN set -e; for name in $(hflow recipes list); do hflow validate --no-inputs "$name"; done
+# An auto-mapper example (its header says so; hflow cannot train it) is dry-run with `hflow map` instead.
+RUN set -e; for name in $(hflow recipes list); do \
+      if hflow recipes show "$name" | grep -q "auto-mapper example only"; then hflow map "$name" > /dev/null; \
+      else hflow validate --no-inputs "$name"; fi; done
 RUN hflow train grpo/quickstart --set trainer.total_steps=5 --output-dir /tmp/runs \
  && rm -rf /tmp/runs models
 

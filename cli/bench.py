@@ -31,7 +31,7 @@ def bench(
     and each rank's memory across it."""
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
-    check_runtime(loaded, str(path))
+    check_runtime(loaded, str(path), roles=None if what is What.step else ["actor"])
     # torch and the rest load only now: a mistake in the recipe is reported in a fraction of a second.
     from hflow.engine.models.loading import build_tiny_model
     from hflow.trainer.control import bench as measure

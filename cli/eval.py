@@ -28,7 +28,7 @@ def eval_(
     if not loaded.data.eval:
         raise UserError(f"{path}: data.eval is not set; give the eval prompts, e.g. --set data.eval=synthetic:TASK "
                         "or a .jsonl file")
-    check_runtime(loaded, str(path))
+    check_runtime(loaded, str(path), roles=["actor", "reward"])  # what evaluate_model starts
     ckpt, step = _source(checkpoint, loaded)
     from hflow.trainer.control.evaluate import evaluate_model  # torch: only once the recipe is right
 

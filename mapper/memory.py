@@ -20,6 +20,9 @@ from hflow.mapper.models import ModelShape
 
 USABLE_FRACTION = 0.9  # of device memory: CUDA context, NCCL buffers, fragmentation (vLLM's default 0.9)
 LOGIT_BYTES = 4  # logits are upcast to fp32 for the log-softmax
+# ZeRO-3 gathers parameters as a forward or backward reaches them and keeps at most this many
+# gathered at once: DeepSpeed's `stage3_max_live_parameters` default (runtime/zero/config.py).
+ZERO3_LIVE_PARAMS = 1e9
 
 
 @dataclass(frozen=True)
@@ -39,11 +42,15 @@ def optimizer_bytes_per_param(dtype_bytes: int) -> int:
 
 
 def model_states(params: int, dtype_bytes: int, tp: int, pp: int, dp: int, zero: int,
-                 offload: bool = False) -> ModelStates:
-    """Weights, gradients and Adam states of a trained model on one device."""
+                 offload: bool = False, grad_bytes: int | None = None) -> ModelStates:
+    """Weights, gradients and Adam states of a trained model on one device.
+
+    `grad_bytes`: bytes per gradient element when they are not kept in the weights' dtype (fp32
+    accumulation of bf16 gradients is 4); default `dtype_bytes`.
+    """
     shard = params / (tp * pp)
     weights = dtype_bytes * shard
-    grads = dtype_bytes * shard
+    grads = (grad_bytes or dtype_bytes) * shard
     optimizer = optimizer_bytes_per_param(dtype_bytes) * shard
     if zero >= 1:
         optimizer /= dp
@@ -112,3 +119,17 @@ def kv_cache(shape: ModelShape, seqs: int, seq_len: int, tp: int, dtype_bytes: i
 def generation_weights(params: int, dtype_bytes: int, tp: int) -> float:
     """The actor's generation shard: 1/tp of the weights (the training shard is part of it)."""
     return dtype_bytes * params / tp
+
+
+def zero3_gathered(params: int, dtype_bytes: int) -> float:
+    """Full parameters a ZeRO-3 model holds at once while a pass runs: a window of layers, at most
+    DeepSpeed's live-parameter limit (the rest stays partitioned)."""
+    return dtype_bytes * min(params, ZERO3_LIVE_PARAMS)
+
+
+def colocated_peak(resident: list[tuple[float, float, float]],
+                   transient: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """Bytes per device of models sharing the devices, per stage (generation, preparation, training):
+    what every model keeps resident plus the largest working memory of the models running in the
+    stage (colocated models run one after another)."""
+    return tuple(sum(r[s] for r in resident) + max((t[s] for t in transient), default=0.0) for s in range(3))

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from hflow.errors import UserError
+from hflow.mapper.memory import colocated_peak
 from hflow.mapper.strategy import Candidate, Setting, candidates
 
 STAGES = ("generation", "preparation", "training")
@@ -182,7 +183,7 @@ def _best_combination(lists: list[list[Candidate]], capacity: float) -> list[Can
 
 def _set_plan(roles: tuple[str, ...], n: int, chosen: list[Candidate]) -> SetPlan:
     times = tuple(sum(c.times[s] for c in chosen) for s in range(3))
-    peak = tuple(sum(c.resident[s] for c in chosen) + max(c.transient[s] for c in chosen) for s in range(3))
+    peak = colocated_peak([c.resident for c in chosen], [c.transient for c in chosen])
     return SetPlan(roles, n, tuple(chosen), times, peak)
 
 

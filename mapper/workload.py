@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hflow.errors import UserError
 from hflow.mapper.models import ModelShape, resolve_model
 
 ROLES = ("actor", "reference", "critic", "reward", "cost")
@@ -63,20 +64,28 @@ class Workload:
         return self.sequences * self.seq_len
 
 
-def workload_from_recipe(recipe, device_dtype_bytes: int = 2, names: dict | None = None) -> Workload:
+def workload_from_recipe(recipe, device_dtype_bytes: int = 2, names: dict | None = None,
+                         roles: tuple[str, ...] = ROLES, known_only: bool = False) -> Workload:
     """The Workload of a validated `hflow.trainer.config.recipe.Recipe`.
 
     `device_dtype_bytes` resolves `model.dtype: auto` (bf16 on GPUs, fp32 on CPU, as the trainer does).
+    `roles`: the roles to take from the recipe (the search plans ROLES; Safe-RLHF's `cost_critic`
+    may be asked for too). `known_only`: leave out a role whose model's shape is unknown (neither
+    in the catalog nor a local directory with config.json) instead of raising UserError.
     """
     role_models = recipe.role_models()
     init = recipe.model.init
     models = {}
-    for role in ROLES:
+    for role in roles:
         if role in role_models:
             spec = role_models[role]
             # `model.init` builds the actor's directory; roles defaulting to it share that shape.
             role_init = init if spec == recipe.model.path else None
-            models[role] = resolve_model(spec, role=role, init=role_init)
+            try:
+                models[role] = resolve_model(spec, role=role, init=role_init)
+            except UserError:
+                if not known_only:
+                    raise
     dtype = {"bfloat16": 2, "float32": 4}.get(recipe.model.dtype, device_dtype_bytes)
     return Workload(
         algorithm=recipe.algorithm,

@@ -16,9 +16,14 @@ from hflow.trainer.config.load import load_recipe
 PPO_DIR = Path(__file__).resolve().parents[2] / "recipes" / "ppo"
 
 
+# The paper's setting searches ZeRO from stage 1 up (its Megatron plans shard the optimizer states only);
+# the recipes ship `actor.zero_stage: 3`, what hflow's ZeRO-only engine needs to fit them.
+PAPER_ZERO = ["actor.zero_stage=1"]
+
+
 @functools.lru_cache(maxsize=None)
 def _paper_recipe(name: str):
-    recipe, _ = load_recipe(str(PPO_DIR / f"{name}.yaml"))
+    recipe, _ = load_recipe(str(PPO_DIR / f"{name}.yaml"), PAPER_ZERO)
     return recipe
 
 

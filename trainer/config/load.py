@@ -119,9 +119,19 @@ def load_recipe(spec: str, overrides: Iterable[str] = ()) -> tuple[Recipe, Path]
     return recipe, path
 
 
-def check_runtime(recipe: Recipe, origin: str) -> None:
-    """What the schema cannot see: whether this machine can run the recipe's generation engine.
-    `hflow validate` and the start of `hflow train` call it; `origin` names the file in errors."""
+def check_runtime(recipe: Recipe, origin: str, roles: list[str] | None = None) -> None:
+    """What the schema cannot see: whether this machine can run the recipe's generation engine, and
+    whether a GPU recipe's models fit its GPUs' memory as hflow runs them (`control/memory_check.py`;
+    `roles`: those the command starts, default a training run's). `hflow validate` and the start of
+    `hflow train` (and of `eval` and `bench`) call it; `origin` names the file in errors."""
+    _check_engine(recipe, origin)
+    from hflow.trainer.control.memory_check import check_memory
+
+    check_memory(recipe, origin, roles)
+
+
+def _check_engine(recipe: Recipe, origin: str) -> None:
+    """Whether this machine can run `rollout.engine: vllm` on the recipe's device and model."""
     if recipe.rollout.engine != "vllm":
         return
     # Imported here, not at the top: they bring torch, which `hflow validate` of an hf recipe never needs.
