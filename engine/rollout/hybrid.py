@@ -14,7 +14,17 @@ own layout, only while generating. Entering rollout first moves the optimizer's 
 state off the GPU (`TrainEngine.offload_states`: what DeepSpeed can offload for the stage),
 then wakes vLLM and streams the current weights into it in buckets (`weight_sync.py`);
 entering training puts vLLM to sleep (its weights and KV cache are freed) and brings the
-training state back.
+training state back. Under ZeRO-3 the `hf` engine works the same way with whole weights gathered
+for the rollout (`gathered_generator.py`).
+
+Memory at the hand-over, where first GPU runs of hybrid engines run out of it (vLLM sizes its
+KV cache when the GPU is empty and maps exactly that back on wake-up):
+- the training state leaves, and the allocator's cache is emptied, before the generator's
+  weights wake; the cache is emptied again before its KV cache wakes (the weight buckets' blocks);
+- a third phase, `scoring`, lets the reference, reward and critic run on the same devices with
+  the generator asleep and the training state still off (`to_scoring`, called by the controller
+  once a step's generation is over), so no other model ever runs beside a woken generator;
+- `measure` states the budget of each phase (`hflow bench switch`).
 """
 
 from __future__ import annotations
@@ -63,6 +73,10 @@ class PhaseSwitch:
             return int(torch.cuda.memory_allocated(self.device))
         return resident_bytes()
 
+    def _empty_cache(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def to_rollout(self) -> float:
         if self.phase == "rollout":
             return 0.0
@@ -71,12 +85,12 @@ class PhaseSwitch:
         for p in module.parameters():
             p.grad = None  # ZeRO keeps its own gradient partitions; these are stale views
         module.eval()
-        if self.offload:
+        if self.offload and self.phase == "train":
             self.offloaded = self.train_engine.offload_states()  # before vLLM or the KV cache claims it
         if self.rollout_engine is not None:
+            self._empty_cache()  # what the training state and its activations left cached
             self.last_sync = self._sync_weights()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self._empty_cache()
         self.phase = "rollout"
         return time.perf_counter() - start
 
@@ -89,18 +103,29 @@ class PhaseSwitch:
         self.rollout_engine.load_weights(weight_buckets(module, self.bucket_bytes, dtype, zero3, stats))
         return stats
 
-    def to_train(self) -> float:
-        if self.phase == "train":
+    def to_scoring(self) -> float:
+        """Rollout is over but training has not begun: the generator gives its memory back (vLLM
+        sleeps, the gathered weights are freed) while the training state stays off the device, so
+        colocated models score the step in the room both leave. From training, a no-op."""
+        if self.phase != "rollout":
             return 0.0
         start = time.perf_counter()
         if self.rollout_engine is not None:
             self.rollout_engine.release()
+        self._empty_cache()
+        self.phase = "scoring"
+        return time.perf_counter() - start
+
+    def to_train(self) -> float:
+        if self.phase == "train":
+            return 0.0
+        start = time.perf_counter()
+        self.to_scoring()
         if self.offload:
             self.train_engine.reload_states()
             self.offloaded = []
         self.train_engine.module.train()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self._empty_cache()
         self.phase = "train"
         return time.perf_counter() - start
 
@@ -114,17 +139,32 @@ class PhaseSwitch:
             getattr(self.train_engine.optimizer, "fp32_partitioned_groups_flat", None) or []
         return tensor_bytes(params) + tensor_bytes(states) + tensor_bytes(masters)
 
+    def generator_bytes(self) -> int:
+        """The rollout engine's weights held now (vLLM's are its own business: 0 here)."""
+        params = getattr(self.rollout_engine, "params", None) or {}
+        return tensor_bytes(params.values())
+
     def measure(self) -> dict[str, float]:
-        """One train -> rollout -> train round trip: times and memory around it."""
+        """One train -> rollout -> scoring -> train round trip: the switch times, and the memory of
+        each phase (device memory allocated on a GPU, resident memory on a CPU) with what this
+        engine accounts for in it: the training state (on the device unless offloaded) and the
+        generator's weights."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        before = self._memory()
+        state = self.training_state_bytes()
+        budget = {"train": {"memory_bytes": self._memory(), "training_state_bytes": state}}
         to_rollout = self.to_rollout()
-        during = self._memory()
+        budget["rollout"] = {"memory_bytes": self._memory(), "generator_weights_bytes": self.generator_bytes(),
+                             "offloaded": list(self.offloaded)}
+        to_scoring = self.to_scoring()
+        budget["scoring"] = {"memory_bytes": self._memory(), "generator_weights_bytes": self.generator_bytes(),
+                             "offloaded": list(self.offloaded)}
         to_train = self.to_train()
-        after = self._memory()
+        budget["train_again"] = {"memory_bytes": self._memory()}
         peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else max(
-            before, during, after)
-        return {"to_rollout_s": to_rollout, "to_train_s": to_train, "memory_before_bytes": before,
-                "memory_in_rollout_bytes": during, "memory_after_bytes": after, "peak_bytes": peak,
-                "training_state_bytes": self.training_state_bytes()}
+            phase["memory_bytes"] for phase in budget.values())
+        return {"to_rollout_s": to_rollout, "to_scoring_s": to_scoring, "to_train_s": to_train,
+                "memory_before_bytes": budget["train"]["memory_bytes"],
+                "memory_in_rollout_bytes": budget["rollout"]["memory_bytes"],
+                "memory_after_bytes": budget["train_again"]["memory_bytes"], "peak_bytes": peak,
+                "training_state_bytes": state, "phases": budget}

@@ -160,8 +160,11 @@ class VLLMGenerator:
     # --- phase protocol (called by hybrid.PhaseSwitch) ---------------------------------
 
     def load_weights(self, buckets: Iterable[Bucket]) -> None:
-        """Wake the weights (GPU), reload them in place from `buckets`, then wake the KV cache."""
+        """Wake the weights (GPU), reload them in place from `buckets`, then wake the KV cache. vLLM
+        maps back exactly the memory it sized when the GPU was empty: before each wake-up the
+        allocator's cached blocks (the training state's, then the buckets') go back to the device."""
         if self.sleeps:
+            self._empty_cache()
             self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": flatten(buckets)})
         self.llm.apply_model(repack_kept_weights)
@@ -170,7 +173,12 @@ class VLLMGenerator:
         # computed by the old weights. A level-2 sleep clears them on the GPU; the CPU never sleeps.
         self.llm.reset_prefix_cache()
         if self.sleeps:
+            self._empty_cache()
             self.llm.wake_up(tags=["kv_cache"])
+
+    @staticmethod
+    def _empty_cache() -> None:
+        torch.cuda.empty_cache()
 
     def release(self) -> None:
         """Give the GPU memory back to training: weights and KV cache are discarded. On the CPU

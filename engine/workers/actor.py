@@ -28,6 +28,7 @@ from hflow.engine.models.loading import eos_token_ids, load_causal_lm, load_toke
 from hflow.engine.models.lora import adapters_off, apply_lora, is_lora, merged_state, save_merged
 from hflow.engine.rollout.environment import EpisodeLimits, load_env_class
 from hflow.engine.rollout.episodes import EpisodeRunner
+from hflow.engine.rollout.gathered_generator import GatheredGenerator
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
 from hflow.engine.rollout.generator_copy import GeneratorCopy
 from hflow.engine.rollout.hybrid import PhaseSwitch
@@ -47,8 +48,8 @@ from hflow.engine.training.losses import (
 )
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
+from hflow.engine.training.zero3 import is_partitioned, partitioned_load
 from hflow.engine.workers.config import ActorSpec
-from hflow.errors import UserError
 
 
 class ActorWorker(Worker):
@@ -67,10 +68,13 @@ class ActorWorker(Worker):
         s, m, o = self.spec, self.spec.model, self.spec.optim
         ensure_process_group(self.device, self.rank, self.world_size)
         dtype = resolve_dtype(m.dtype, self.device)
-        model = load_causal_lm(m.path, torch.float32, m.trust_remote_code)
+        # Loaded in the training dtype (fp32 first only for LoRA, whose adapters start in fp32);
+        # under ZeRO-3 each rank builds only its partition of the weights (`zero3.py`).
+        with partitioned_load(o.zero_stage, dtype):
+            model = load_causal_lm(m.path, torch.float32 if s.lora else dtype, m.trust_remote_code)
         self.tokenizer = tokenizer = load_tokenizer(m.path, m.trust_remote_code)
         eos = eos_token_ids(model, tokenizer)
-        model = self._with_adapters(model, checkpoint)
+        model = self._with_adapters(model)
         self.generation_dtype = dtype
         rollout_engine = None
         if s.rollout.engine == "vllm":
@@ -78,7 +82,8 @@ class ActorWorker(Worker):
             # memory it sees at start-up, then sleeps and gives it all back until the first rollout.
             rollout_engine = create_vllm(s, self.rank, self.world_size, self.device, dtype, eos,
                                          tokenizer.pad_token_id, model.config)
-        model.to(device=self.device, dtype=dtype)
+        if not is_partitioned(model):  # zero.Init placed the partitions on the device already
+            model.to(device=self.device, dtype=dtype)
         if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         local_mini = o.mini_batch_size // self.world_size
@@ -88,20 +93,17 @@ class ActorWorker(Worker):
         )
         if checkpoint:
             self.train_engine.load(Path(checkpoint))
+        if rollout_engine is None and o.zero_stage == 3:
+            # ZeRO-3: whole weights for the rollout, gathered once per switch (`gathered_generator.py`).
+            rollout_engine = GatheredGenerator(self.train_engine.module, self.device, dtype, eos,
+                                               tokenizer.pad_token_id, s.rollout.batch_size)
         self.phases = PhaseSwitch(self.train_engine, self.device, rollout_engine,
                                   bucket_bytes=s.rollout.weight_bucket_mb << 20, dtype=dtype,
                                   offload=s.offload_in_rollout)
-        if rollout_engine is not None:
-            self.generator = rollout_engine
-            self.episodes = self._episode_runner()
-            return
-        # The generator runs on the training module itself: no second copy of the weights. Under
-        # ZeRO-3, DeepSpeed's hooks gather each layer's parameters as the forward reaches it and
-        # release them after, so at most a bucket of gathered parameters exists at a time.
-        self.generator = HFGenerator(
-            self.train_engine.module, eos, tokenizer.pad_token_id, s.rollout.batch_size,
-            sync_done=self._sync_done(),
-        )
+        # Without a rollout engine of its own, the generator runs on the training module itself:
+        # no second copy of the weights.
+        self.generator = rollout_engine or HFGenerator(
+            self.train_engine.module, eos, tokenizer.pad_token_id, s.rollout.batch_size)
         self.episodes = self._episode_runner()
 
     def _episode_runner(self) -> EpisodeRunner | None:
@@ -109,41 +111,22 @@ class ActorWorker(Worker):
         r = self.spec.rollout
         if not r.env:
             return None
-        if getattr(self.generator, "sync_done", None) is not None:
-            raise UserError("rollout.env with actor.zero_stage 3 over several ranks is not supported: ZeRO-3 "
-                            "generates in lockstep and the ranks' episodes end after different turns; use "
-                            "zero_stage 1 or 2")
         limits = EpisodeLimits(r.max_turns, r.max_response_length, r.episode_timeout_s, r.turn_discount,
                                r.max_turn_tokens, r.max_prompt_length)
         return EpisodeRunner(self.generator, self.tokenizer, load_env_class(r.env), r.env, limits)
 
-    def _with_adapters(self, model, checkpoint: str | None):
-        """LoRA adapters on `model` when the spec has them (only they train), then the checkpoint's
-        trained weights (all of them, or the adapters), before DeepSpeed copies them into its fp32
-        master partitions. Adapters start from the run's seed, so every rank starts the same."""
+    def _with_adapters(self, model):
+        """LoRA adapters on `model` when the spec has them (only they train). Adapters start from
+        the run's seed, so every rank starts the same; a checkpoint's trained weights (all of
+        them, or the adapters) are restored after DeepSpeed wraps the model (`TrainEngine.load`),
+        one tensor at a time."""
         if self.spec.lora is not None:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.spec.seed)
                 model = apply_lora(model, self.spec.lora, "actor", self.spec.model.path)
             if self.spec.model.gradient_checkpointing:
                 model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need a grad input
-        if checkpoint:
-            from safetensors.torch import load_file
-
-            model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"), strict=False)
         return model
-
-    def _sync_done(self):
-        """With ZeRO-3 over several ranks every forward is collective: decode in lockstep."""
-        if self.spec.optim.zero_stage != 3 or self.world_size == 1:
-            return None
-
-        def every_rank_done(local_done: bool) -> bool:
-            unfinished = torch.tensor([0 if local_done else 1], device=self.device)
-            torch.distributed.all_reduce(unfinished)
-            return int(unfinished) == 0
-
-        return every_rank_done
 
     def _gathered(self):
         """Full parameters at once (for export only): a no-op below ZeRO-3."""
@@ -163,6 +146,13 @@ class ActorWorker(Worker):
         if evaluation:
             self.phases.to_train()  # evaluation runs between steps: the checkpoint that may follow needs training state
         return self._rollout_batch(prompts, out, n)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def end_rollout(self) -> None:
+        """The step's generation is over: a generator with weights of its own (vLLM, ZeRO-3's gathered
+        copy) gives its memory back before colocated models score the step; the training state
+        returns at the next training call (`PhaseSwitch.to_scoring`)."""
+        self.phases.to_scoring()
 
     @register(Dispatch.DP_COMPUTE)
     def generate_async(self, prompts: Batch) -> Batch:
@@ -231,15 +221,16 @@ class ActorWorker(Worker):
     @register(Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """The current (pre-update) policy's log-probs of the responses, and its entropy."""
-        if self.phases.rollout_engine is not None:
-            # Rollout is over: vLLM's memory goes back before this forward and the colocated roles.
-            self.phases.to_train()
+        # Rollout is over: the generator's memory goes back before this forward and the colocated
+        # roles; the training state stays off the device until the update (`PhaseSwitch.to_scoring`).
+        self.phases.to_scoring()
         model = self.train_engine.module
         was_training = model.training
         model.eval()  # score as the rollout sampled: no dropout
         try:
             log_probs, entropy = batched_log_probs(model, batch.to(self.device), self.spec.rollout.temperature,
-                                                   self.spec.optim.micro_batch_size, with_entropy=True)
+                                                   self.spec.optim.micro_batch_size, with_entropy=True,
+                                                   zero3=self.spec.optim.zero_stage == 3)
         finally:
             model.train(was_training)
         return Batch({col.OLD_LOG_PROBS: log_probs.cpu(), col.ENTROPY: entropy.cpu()})
@@ -248,15 +239,14 @@ class ActorWorker(Worker):
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """The reference's log-probs, served by the actor when it trains LoRA adapters: its own frozen
         base weights with the adapters switched off are the initial policy (no second model)."""
-        if self.phases.rollout_engine is not None:
-            self.phases.to_train()
+        self.phases.to_scoring()
         model = self.train_engine.module
         was_training = model.training
         model.eval()
         try:
             with adapters_off(model):
                 log_probs, _ = batched_log_probs(model, batch.to(self.device), self.spec.rollout.temperature,
-                                                 self.spec.optim.micro_batch_size)
+                                                 self.spec.optim.micro_batch_size, zero3=self.spec.optim.zero_stage == 3)
         finally:
             model.train(was_training)
         return Batch({col.REF_LOG_PROBS: log_probs.cpu()})
@@ -275,9 +265,8 @@ class ActorWorker(Worker):
         for index, mini in enumerate(minis, first_mini_batch):
             seed_update(self.spec.seed, "actor-update", step, self.rank, index)
             tokens = self._loss_divisor(mini[col.RESPONSE_MASK])
-            micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens,
-                                   self.world_size, self.device,
-                                   share_prompts=not self.spec.model.gradient_checkpointing)
+            micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens, self.world_size, self.device,
+                                   share_prompts=not self.spec.model.gradient_checkpointing, zero3=o.zero_stage == 3)
             micro_stats = []
             for i, micro in enumerate(micros):
                 self.train_engine.set_boundary(i == len(micros) - 1)
@@ -369,6 +358,7 @@ class ActorWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:
+        self.phases.to_train()  # a step without an update (skipped) may end with the training state off
         self.train_engine.save(Path(directory), self.rank)
 
     @register(Dispatch.RANK_ZERO)

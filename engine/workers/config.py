@@ -122,11 +122,13 @@ class CriticSpec:
 
 @dataclass(frozen=True)
 class ReferenceSpec:
-    """The frozen reference policy: scores responses at the rollout's temperature."""
+    """The frozen reference policy: scores responses at the rollout's temperature. `zero_stage`:
+    the actor's; at 3 the reference is partitioned over its ranks too (`training/zero3.py`)."""
 
     model: ModelSpec
     temperature: float
     micro_batch_size: int
+    zero_stage: int = 0
 
 
 @dataclass(frozen=True)
@@ -141,3 +143,4 @@ class ScorerSpec:
     fn: Optional[Callable[..., list]]
     function: Optional[str]
     micro_batch_size: int
+    zero_stage: int = 0  # the actor's; at 3 a scoring model is partitioned over its ranks too

@@ -27,6 +27,7 @@ from hflow.engine.seeding import seed_update
 from hflow.engine.training.losses import value_loss
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
+from hflow.engine.training.zero3 import is_partitioned, partitioned_load
 from hflow.engine.workers.config import CriticSpec
 
 
@@ -45,7 +46,10 @@ class CriticWorker(Worker):
         m, o = self.spec.model, self.spec.optim
         ensure_process_group(self.device, self.rank, self.world_size)
         dtype = resolve_dtype(m.dtype, self.device)
-        model = load_score_model(m.path, torch.float32, m.trust_remote_code, self.spec.seed, self.prefix)
+        zero3 = o.zero_stage == 3
+        with partitioned_load(o.zero_stage, dtype):  # ZeRO-3: each rank loads its partition (`zero3.py`)
+            model = load_score_model(m.path, dtype if zero3 else torch.float32, m.trust_remote_code,
+                                     self.spec.seed, self.prefix)
         if self.spec.lora is not None:
             # Adapters on the backbone; the value head is new (or the reward model's) and trains whole.
             with torch.random.fork_rng(devices=[]):
@@ -53,13 +57,10 @@ class CriticWorker(Worker):
                 model.backbone = apply_lora(model.backbone, self.spec.lora, "critic", m.path, causal_lm=False)
             if m.gradient_checkpointing:
                 model.backbone.enable_input_require_grads()
-        if checkpoint:
-            from safetensors.torch import load_file
-
-            # The checkpoint holds what trains: every weight, or the adapters and the value head.
-            model.load_state_dict(load_file(Path(checkpoint) / "weights.safetensors"),
-                                  strict=self.spec.lora is None)
-        model.to(device=self.device, dtype=dtype)
+        if is_partitioned(model):
+            model.to(self.device)  # the head alone: zero.Init placed the backbone's partitions
+        else:
+            model.to(device=self.device, dtype=dtype)
         if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         local_mini = o.mini_batch_size // self.world_size

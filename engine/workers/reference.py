@@ -1,4 +1,5 @@
-"""The reference worker: the frozen initial policy, scoring responses for the KL term."""
+"""The reference worker: the frozen initial policy, scoring responses for the KL term. Under the
+actor's ZeRO-3 it is partitioned over its ranks like the actor (`training/zero3.py`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import torch
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
+from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import load_causal_lm, resolve_dtype
 from hflow.engine.training.logprobs import batched_log_probs
+from hflow.engine.training.zero3 import frozen_engine, is_partitioned, partitioned_load
 from hflow.engine.workers.config import ReferenceSpec
 
 
@@ -23,13 +26,19 @@ class ReferenceWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, checkpoint: str | None = None) -> None:
         """Load the frozen policy (`checkpoint` is unused: the reference never changes)."""
-        m = self.spec.model
+        m, zero = self.spec.model, self.spec.zero_stage
         dtype = resolve_dtype(m.dtype, self.device)
-        self.model = load_causal_lm(m.path, dtype, m.trust_remote_code).to(self.device).eval()
-        self.model.requires_grad_(False)
+        if zero == 3:
+            ensure_process_group(self.device, self.rank, self.world_size)
+        with partitioned_load(zero, dtype):
+            model = load_causal_lm(m.path, dtype, m.trust_remote_code)
+        if not is_partitioned(model):
+            model.to(self.device)
+        model.eval().requires_grad_(False)
+        self.model = frozen_engine(model, zero, dtype)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         log_probs, _ = batched_log_probs(self.model, batch.to(self.device), self.spec.temperature,
-                                         self.spec.micro_batch_size)
+                                         self.spec.micro_batch_size, zero3=self.spec.zero_stage == 3)
         return Batch({col.REF_LOG_PROBS: log_probs.cpu()})

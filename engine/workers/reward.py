@@ -18,10 +18,13 @@ import torch
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
+from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import load_tokenizer, resolve_dtype
 from hflow.engine.models.score_model import last_token_scores, load_score_model
 from hflow.engine.rollout.assembly import positions
+from hflow.engine.training.lockstep import agreed, several_ranks
+from hflow.engine.training.zero3 import frozen_engine, is_partitioned, partitioned_load
 from hflow.engine.workers.config import ScorerSpec
 from hflow.engine.workers.function_scores import call_scorer
 
@@ -48,9 +51,14 @@ class RewardWorker(Worker):
         self.tokenizer = load_tokenizer(s.tokenizer.path, s.tokenizer.trust_remote_code)
         if s.model is not None:
             dtype = resolve_dtype(s.model.dtype, self.device)
-            self.model = load_score_model(s.model.path, dtype, s.model.trust_remote_code,
-                                          what=f"{s.section}.model").to(self.device).eval()
-            self.model.requires_grad_(False)
+            if s.zero_stage == 3:  # partitioned over the ranks like the actor (`training/zero3.py`)
+                ensure_process_group(self.device, self.rank, self.world_size)
+            with partitioned_load(s.zero_stage, dtype):
+                model = load_score_model(s.model.path, dtype, s.model.trust_remote_code, what=f"{s.section}.model")
+            if not is_partitioned(model):
+                model.to(self.device)
+            model.eval().requires_grad_(False)
+            self.model = frozen_engine(model, s.zero_stage, dtype)
             own = load_tokenizer(s.model.path, s.model.trust_remote_code)
             self.model_tokenizer = None if own.get_vocab() == self.tokenizer.get_vocab() else own
 
@@ -66,12 +74,17 @@ class RewardWorker(Worker):
             what = f"{self.spec.section}.function {self.spec.function!r}"
             return call_scorer(self.fn, what, batch[col.PROMPT], texts, columns)
         inputs = self._model_inputs(batch, texts)
+        micros = inputs.split(self.spec.micro_batch_size)
+        forwards = len(micros)
+        if self.spec.zero_stage == 3 and several_ranks():  # every rank runs as many forwards (lockstep.py)
+            forwards = agreed(forwards, "max", self.device)
         out = []
         with torch.no_grad():
-            for micro in inputs.split(self.spec.micro_batch_size):
-                micro = micro.to(self.device)
+            for i in range(forwards):
+                micro = (micros[i] if i < len(micros) else _one_token()).to(self.device)
                 scores = self.model(micro[col.INPUT_IDS], micro[col.ATTENTION_MASK], micro[col.POSITION_IDS])
-                out.append(last_token_scores(scores, micro[col.ATTENTION_MASK]).float().cpu())
+                if i < len(micros):
+                    out.append(last_token_scores(scores, micro[col.ATTENTION_MASK]).float().cpu())
         return torch.cat(out)
 
     def _model_inputs(self, batch: Batch, texts: list[str]) -> Batch:
@@ -101,6 +114,12 @@ class RewardWorker(Worker):
         texts = self._texts(batch)
         return Batch({self.output_key: self._score(batch, texts), col.REWARD_STARTED_AT: started},
                      {col.RESPONSE_TEXT: texts})
+
+
+def _one_token() -> Batch:
+    """A forward's worth of input that only keeps a rank in step with the others (ZeRO-3)."""
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    return Batch({col.INPUT_IDS: ids, col.ATTENTION_MASK: torch.ones_like(ids), col.POSITION_IDS: ids.clone()})
 
 
 class CostWorker(RewardWorker):

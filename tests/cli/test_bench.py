@@ -2,6 +2,8 @@
 
 import json
 
+import torch
+
 from typer.testing import CliRunner
 
 from hflow.cli.app import app
@@ -22,11 +24,25 @@ def test_bench_rollout_switch_and_step(tmp_path, tiny_model):
 
     switch = _bench("switch", recipe, "--repeats", "2")
     rank = switch["ranks"][0]
-    assert switch["switch_s"] < 1.0
+    assert switch["switch_s"] == switch["to_rollout_s"] + switch["to_scoring_s"] + switch["to_train_s"]
     # the switch moves no weights: resident memory does not grow across it
     assert rank["memory_in_rollout_bytes"] - rank["memory_before_bytes"] < rank["training_state_bytes"]
+    phases = rank["phases"]
+    assert list(phases) == ["train", "rollout", "scoring", "train_again"]
+    assert phases["rollout"]["generator_weights_bytes"] == 0  # hf: it generates on the training weights
 
     step = _bench("step", recipe, "--repeats", "3")
     assert step["steps"] == 2 and step["tokens_per_s"] > 0
     assert 0 < step["actor_update_flops_per_s"] < 10 * step["fp32_matmul_peak_flops_per_s"]
     assert {"generate", "update_actor"} <= set(step["stages_s"])
+
+
+def test_bench_switch_states_the_gathered_generators_memory_per_phase(tmp_path, tiny_model):
+    """ZeRO-3's hf generator holds whole weights in rollout only: the budget says so, phase by phase."""
+    recipe = str(write_recipe(tmp_path / "r.yaml", tiny_model, actor={"zero_stage": 3}))
+    phases = _bench("switch", recipe, "--repeats", "1")["ranks"][0]["phases"]
+    from hflow.engine.models.loading import load_causal_lm
+
+    weights = sum(p.numel() * 4 for p in load_causal_lm(str(tiny_model), torch.float32).parameters())
+    assert phases["rollout"]["generator_weights_bytes"] == weights  # fp32 on the CPU
+    assert phases["scoring"]["generator_weights_bytes"] == 0

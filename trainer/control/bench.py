@@ -111,7 +111,9 @@ def update_flops(events: list[dict], params: int) -> float:
 
 
 def bench_switch(recipe: Recipe, repeats: int) -> dict:
-    """train -> generate -> train: switch times and each rank's peak memory across the switch."""
+    """train -> generate -> score -> train: switch times, and each rank's memory budget per phase
+    (`PhaseSwitch.measure`: what the device holds in training, in rollout with the generator awake,
+    in scoring with it asleep)."""
     groups, data = _actor(recipe)
     try:
         actor = groups["actor"]
@@ -127,9 +129,11 @@ def bench_switch(recipe: Recipe, repeats: int) -> dict:
     to_rollout = statistics.median(max(x["to_rollout_s"] for x in r) for r in per_rank)
     to_train = statistics.median(max(x["to_train_s"] for x in r) for r in per_rank)
     last = per_rank[-1]
+    to_scoring = statistics.median(max(x["to_scoring_s"] for x in r) for r in per_rank)
     return {
         "to_rollout_s": to_rollout,
+        "to_scoring_s": to_scoring,
         "to_train_s": to_train,
-        "switch_s": to_rollout + to_train,
-        "ranks": [{k: v for k, v in x.items() if k.endswith("bytes")} for x in last],
+        "switch_s": to_rollout + to_scoring + to_train,
+        "ranks": [{k: v for k, v in x.items() if k.endswith("bytes") or k == "phases"} for x in last],
     }

@@ -138,6 +138,8 @@ class Session:
         """Stage `old_log_prob`: the policy's log-probs of its rollout, scored by the training
         engine; skipped (the sampler's are kept) with `actor.recompute_old_log_probs: false`."""
         if not self.recipe.actor.recompute_old_log_probs:
+            if self.generator_owns_memory():  # the next stages score beside the actor
+                self.groups["actor"].end_rollout()
             return batch
         with self.stage("old_log_prob"):
             return batch | self.groups["actor"].compute_log_prob(batch)
@@ -156,10 +158,21 @@ class Session:
         (`streaming.py`); the joined step and its `stream/*` metrics. The reference runs on the
         joined step instead when it is the actor itself (LoRA: its adapters switched off), whose
         weights the generation in flight is using."""
+        if self.generator_owns_memory():
+            chunks = list(chunks)  # the whole step generated first (see `generator_owns_memory`)
+            self.groups["actor"].end_rollout()
         batch, metrics = score_chunks(chunks, self.chunk_stages(reward), self.pad_token_id)
         if self.recipe.reference_in_actor:
             batch = self.reference_log_probs(batch)
         return batch, metrics
+
+    def generator_owns_memory(self) -> bool:
+        """Whether the actor generates with weights of its own (vLLM, ZeRO-3's gathered copy) on devices
+        a scoring model shares: scoring then waits for the whole generation and for the generator's
+        memory (`ActorWorker.end_rollout`): beside a woken generator hybrid engines run out of it."""
+        r, a = self.recipe.rollout, self.recipe.actor
+        owns = self.recipe.trainer.mode != "async" and (r.engine == "vllm" or a.zero_stage == 3)
+        return owns and bool(self.groups.colocated_with("actor"))
 
     def chunk_stages(self, reward) -> list:
         """The stages a chunk goes through as soon as it is generated: the reference (unless the

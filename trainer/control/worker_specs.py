@@ -82,7 +82,8 @@ def critic_spec(recipe: Recipe, source: str) -> CriticSpec:
 
 def reference_spec(recipe: Recipe) -> ReferenceSpec:
     path = recipe.reference.path or recipe.model.path
-    return ReferenceSpec(model_spec(recipe, path), recipe.rollout.temperature, recipe.actor.micro_batch_size)
+    return ReferenceSpec(model_spec(recipe, path), recipe.rollout.temperature, recipe.actor.micro_batch_size,
+                         recipe.actor.zero_stage)
 
 
 def scorer_spec(recipe: Recipe, section: str) -> ScorerSpec:
@@ -91,7 +92,7 @@ def scorer_spec(recipe: Recipe, section: str) -> ScorerSpec:
     model = model_spec(recipe, cfg.model) if cfg.model else None
     fn = None if cfg.model else load_reward_fn(cfg.function, f"{section}.function", recipe.reward)
     return ScorerSpec(section, model_spec(recipe, recipe.model.path), model, fn, cfg.function,
-                      recipe.actor.micro_batch_size)
+                      recipe.actor.micro_batch_size, recipe.actor.zero_stage)
 
 
 def worker_spec(recipe: Recipe, role: str) -> Any:

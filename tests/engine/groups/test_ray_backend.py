@@ -177,10 +177,9 @@ def test_generation_uses_the_updated_weights(ray_cluster, tiny_model, tmp_path, 
 
     torch.set_num_threads(1)  # the workers run single-threaded: same arithmetic order
     model = load_causal_lm(str(tmp_path / "export"), torch.float32)
-    # ZeRO-3's sharded parameters decode through transformers' forward, the others through the
-    # lean path: the reference takes the same path, so the arithmetic is the same.
-    reference = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, recipe.rollout.batch_size,
-                            fast=zero_stage != 3)
+    # Every stage decodes through the lean path (ZeRO-3 on whole weights gathered for the rollout):
+    # the reference takes the same path, so the arithmetic is the same.
+    reference = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, recipe.rollout.batch_size)
     params = SamplingParams(recipe.rollout.max_response_length, greedy=True)
     halves = [reference.generate(prompts["prompt_ids"][i:i + 2], 1, params) for i in (0, 2)]  # greedy: n = 1
     for key in ("responses", "rollout_log_probs"):
@@ -265,3 +264,16 @@ def test_a_result_over_streamed_chunks_is_cut_back_to_each_chunk_without_leaving
         assert not torch.equal(pulled[col.OLD_LOG_PROBS], want)
     finally:
         cluster.shutdown()
+
+
+def test_zero3_on_two_ranks_shards_the_reference_and_trains(ray_cluster, tiny_model, tmp_path):
+    """Under ZeRO-3 the reference and the actor are both partitioned over the pool's two ranks: at the
+    first step both score the same initial weights, so their KL is 0, and the run trains on."""
+    recipe = _recipe(tiny_model, actor={"zero_stage": 3}, cluster={"cpu_slots": 2}, grpo={"kl_coef": 0.05},
+                     trainer={"total_steps": 2},
+                     placement={"backend": "ray", "mode": "explicit", "pools": {"dp": 2},
+                                "roles": {"actor": "dp", "reference": "dp", "reward": "dp"}})
+    _, events = _train_events(recipe, tmp_path, "zero3")
+    assert [e["step"] for e in events] == [1, 2]
+    assert events[0]["kl/mean"] == pytest.approx(0.0, abs=1e-6)
+    assert events[1]["kl/mean"] > 1e-6  # the policy moved away from the (sharded) reference

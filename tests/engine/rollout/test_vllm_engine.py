@@ -17,7 +17,6 @@ group shares its prompts. They say nothing about vLLM itself.
 release, CUDA kernels); not run on this project's machines yet.
 """
 
-import os
 
 import json
 import subprocess
@@ -136,12 +135,16 @@ def _update(actor, batch):
     actor.update_actor(batch)
 
 
-def test_gpu_phase_protocol_order_and_synced_weights(fake_vllm, tiny_model):
-    """The protocol as a CUDA device drives it (sleep mode on): wake weights -> reload -> wake KV
-    cache -> generate, no second sync for a second rollout of the same policy, sleep before
-    scoring, and the weights handed over are the current training weights (after an update too)."""
+def test_gpu_phase_protocol_order_and_synced_weights(fake_vllm, tiny_model, monkeypatch):
+    """The protocol as a CUDA device drives it (sleep mode on): the allocator's cache emptied before
+    each wake-up, wake weights -> reload -> wake KV cache -> generate, no second sync for a second
+    rollout of the same policy, sleep before colocated models score, and the weights handed over are
+    the current training weights (after an update too)."""
+    from hflow.engine.rollout.vllm_engine import VLLMGenerator
+
     actor, prompts = _actor(tiny_model)
     (llm,) = FakeLLM.instances
+    monkeypatch.setattr(VLLMGenerator, "_empty_cache", staticmethod(lambda: llm.calls.append(("empty_cache",))))
     actor.worker.generator.sleeps = True  # what create() sets on a CUDA device
     assert llm.env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "LOCAL_RANK": "0"}
     assert llm.kwargs["distributed_executor_backend"] == "external_launcher"
@@ -154,18 +157,20 @@ def test_gpu_phase_protocol_order_and_synced_weights(fake_vllm, tiny_model):
     greedy = prompts.batch(1)
     greedy.meta["greedy"] = True
     actor.generate_sequences(greedy)  # ReMax's baseline: same policy, no new sync
-    assert _since(llm.calls, start) == [("wake_up", ("weights",)), "reload_weights", "reset_prefix_cache",
-                                        ("wake_up", ("kv_cache",)), "generate", "generate"]
+    wake = [("empty_cache",), ("wake_up", ("weights",)), "reload_weights", "reset_prefix_cache",
+            ("empty_cache",), ("wake_up", ("kv_cache",))]
+    assert _since(llm.calls, start) == wake + ["generate", "generate"]
     _assert_holds_training_weights(llm, module)
     assert actor.worker.phases.last_sync.buckets > 1
 
     start = len(llm.calls)
+    actor.end_rollout()  # the step's generation is over: asleep before the reference and reward run
+    assert _since(llm.calls, start) == [("sleep", 2)] and actor.worker.phases.phase == "scoring"
     _update(actor, batch)
-    assert _since(llm.calls, start) == [("sleep", 2)]  # vLLM's memory back before scoring
+    assert _since(llm.calls, start) == [("sleep", 2)]  # no second sleep on the way to training
     start = len(llm.calls)
     actor.generate_sequences(prompts.batch(2))
-    assert _since(llm.calls, start) == [("wake_up", ("weights",)), "reload_weights", "reset_prefix_cache",
-                                        ("wake_up", ("kv_cache",)), "generate"]
+    assert _since(llm.calls, start) == wake + ["generate"]
     _assert_holds_training_weights(llm, module)
 
 
