@@ -66,6 +66,9 @@ def run(rank: int, world_size: int, port: int, stage: int, model_path: str, out_
     results["partitioned_outside"] = zero3 and all(p.data.numel() == 0 for p in params)
     (out / f"rank-{rank}.json").write_text(json.dumps(results))
     torch.distributed.barrier()
+    # Torn down before the process exits: a gloo group left alive at interpreter exit can abort it
+    # from a worker thread's destructor (SIGABRT, 'terminate called without an active exception').
+    torch.distributed.destroy_process_group()
 
 
 class _nothing:
