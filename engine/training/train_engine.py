@@ -231,7 +231,11 @@ class _RankZeroFiles:
 
     def __enter__(self) -> "_RankZeroFiles":
         if self.rank == 0:
-            self.writers = {key: TensorFileWriter(path, specs) for key, (path, specs) in self.files.items()}
+            try:
+                for key, (path, specs) in self.files.items():
+                    self.writers[key] = TensorFileWriter(path, specs)
+            except OSError as err:
+                self.error = err
         return self
 
     def write(self, file: str, name: str, tensor: torch.Tensor) -> None:

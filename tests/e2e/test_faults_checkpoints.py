@@ -92,17 +92,16 @@ def test_an_events_line_cut_short_by_a_crash_is_dropped_on_resume(finished, tmp_
 def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_earlier_checkpoint(
         tmp_path, tiny_model, monkeypatch, capsys):
     from hflow.cli.app import main
-    from hflow.engine.training import train_engine
+    from hflow.engine.training.tensor_file import TensorFileWriter
 
-    real_save, calls = train_engine.save_file, []
+    real_write = TensorFileWriter.write
 
-    def full_disk_after_step_2(tensors, path):  # step 2 writes weights and moments; step 4's weights fail
-        calls.append(path)
-        if len(calls) > 2:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real_save(tensors, path)
+    def full_disk_at_step_4(self, name, tensor):  # step 2's files are written; step 4's weights fail
+        if "step_000004" in str(self.path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        real_write(self, name, tensor)
 
-    monkeypatch.setattr(train_engine, "save_file", full_disk_after_step_2)
+    monkeypatch.setattr(TensorFileWriter, "write", full_disk_at_step_4)
     monkeypatch.setattr(sys, "argv", ["hflow", "train", str(recipe_for(tmp_path, tiny_model, 4))])
     with pytest.raises(SystemExit) as exited:
         main()

@@ -153,3 +153,27 @@ def test_two_ranks_resume_exactly(tiny_model, tmp_path, stage, dtype):
     assert result["tensors"] > 0 and result["updates"] == 3
     assert result["gap"] == {"loaded": 0.0, "after": 0.0}
     assert result["norms"][1] == pytest.approx(result["norms"][0], rel=1e-6)
+
+
+def test_a_failed_write_waits_for_every_gather_then_raises(tiny_model, tmp_path, monkeypatch):
+    """Rank 0 keeps taking part in the gathers after its disk filled (other ranks are in them), then
+    raises the OSError, which the run directory turns into one line."""
+    import errno
+
+    from hflow.engine.training.tensor_file import TensorFileWriter
+
+    ensure_process_group(torch.device("cpu"))
+    engine = _engine(tiny_model, ActorConfig(lr=1e-2, zero_stage=2))
+    _update(engine, torch.randint(3, 50, (4, 12), generator=torch.Generator().manual_seed(0)))
+    gathered = []
+    get = MasterState.get
+    monkeypatch.setattr(MasterState, "get", lambda self, p, key: gathered.append(key) or get(self, p, key))
+
+    def full(self, name, tensor):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    monkeypatch.setattr(TensorFileWriter, "write", full)
+    with pytest.raises(OSError) as failed:
+        engine.save(tmp_path / "ckpt")
+    assert failed.value.errno == errno.ENOSPC
+    assert len(gathered) == 3 * len(engine._named_params())  # every tensor still gathered

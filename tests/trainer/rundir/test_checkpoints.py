@@ -116,9 +116,9 @@ def test_a_failed_checkpoint_write_is_one_line_and_leaves_the_earlier_ones(run):
     assert run.resume_checkpoint() == (run.checkpoints / "step_000002", [])
 
 
-def test_the_engine_reports_a_safetensors_write_failure_as_an_oserror(tmp_path):
-    from hflow.engine.training.train_engine import _save_safetensors
+def test_the_engine_reports_a_checkpoint_write_failure_as_an_oserror(tmp_path):
+    from hflow.engine.training.tensor_file import TensorFileWriter, TensorSpec
 
     with pytest.raises(OSError) as failed:
-        _save_safetensors({"w": torch.zeros(2)}, tmp_path / "no-such-folder" / "weights.safetensors")
+        TensorFileWriter(tmp_path / "no-such-folder" / "weights.safetensors", [TensorSpec("w", (2,))])
     assert failed.value.errno == errno.ENOENT
