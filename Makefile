@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # in a fresh clone where one took 21 min 31 s (2026-11-24). PYTEST_WORKERS=0 runs it in this process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup test test-all quickstart clean
+.PHONY: setup test test-all quickstart clean gpu-wheels gpu-check
 
 setup: $(VENV)/.hflow-setup
 
@@ -68,3 +68,14 @@ docker-smoke-clean:
 .PHONY: docker-smoke-gpu-deps
 docker-smoke-gpu-deps:
 	docker/smoke.sh --gpu-deps
+
+# The GPU check (benchmarks/gpu_check.py): `make gpu-wheels` here (with the package registry) puts
+# what a CUDA image lacks in ./.whl; on the GPU machine `make gpu-check PART=engine OUT=DIR` (then
+# PART=train, PART=bench: each under ten minutes) installs them and runs the part.
+PART ?= engine
+OUT ?= gpu-check
+gpu-wheels:
+	benchmarks/gpu_wheels.sh
+
+gpu-check:
+	bash benchmarks/gpu_check.sh $(PART) $(OUT)
