@@ -73,8 +73,16 @@ class MasterState:
             p for group in self.base.param_groups for p in group["params"]]
         for flat in flats:
             if not self.base.state[flat]:
-                self.base.state[flat] = {"step": torch.tensor(0.0), **{k: torch.zeros_like(flat) for k in MOMENTS}}
+                self.base.state[flat] = {"step": self._step_tensor(flat, 0.0),
+                                         **{k: torch.zeros_like(flat) for k in MOMENTS}}
         self.relink_moments()
+
+    def _step_tensor(self, param: torch.Tensor, step: float) -> torch.Tensor:
+        """Adam's step as torch keeps it: on the parameter's device for the fused (and capturable)
+        kernels, which refuse a CPU step beside GPU parameters; a CPU scalar otherwise."""
+        group = self.base.param_groups[0]
+        on_device = group.get("fused") or group.get("capturable")
+        return torch.tensor(float(step), dtype=torch.float32, device=param.device if on_device else "cpu")
 
     def relink_moments(self) -> None:
         """Point each ZeRO-1/2 (and BF16_Optimizer) parameter fragment at the optimizer's current
@@ -97,8 +105,8 @@ class MasterState:
         return float(steps[0]) if steps else None
 
     def set_step(self, step: float) -> None:
-        for state in self.base.state.values():
-            state["step"] = torch.tensor(float(step))
+        for param, state in self.base.state.items():
+            state["step"] = self._step_tensor(param, step)
 
     @torch.no_grad()
     def refresh_weights(self) -> None:

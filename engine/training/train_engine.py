@@ -71,15 +71,21 @@ class TrainEngine:
         import deepspeed
 
         self.cfg = cfg
+        # fused: one kernel over all the parameters (torch's CPU and CUDA AdamW alike); on the CPU
+        # torch's default steps parameter by parameter, measured 4.3x slower on SmolLM2-135M.
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
-            lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+            lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=True,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_updates))
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(cfg.zero_stage, cfg.grad_clip, micro_batch_size, micro_steps, bf16),
         )
+        if cfg.zero_stage == 0 and self.engine.dp_world_size == 1:
+            # Alone, DeepSpeed would still copy every gradient into flat buckets, all-reduce them over
+            # the one rank and copy them back at each boundary (0.3-0.5 s of a 7 s SmolLM2 update).
+            self.engine.enable_backward_allreduce = False
         self.master = MasterState(self.optimizer)
         self.updates = 0
 

@@ -8,6 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import assert_same_adam_step
+
 from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.models.loading import load_causal_lm
 from hflow.engine.training.master_state import MOMENTS, MasterState
@@ -177,3 +179,24 @@ def test_a_failed_write_waits_for_every_gather_then_raises(tiny_model, tmp_path,
         engine.save(tmp_path / "ckpt")
     assert failed.value.errno == errno.ENOSPC
     assert len(gathered) == 3 * len(engine._named_params())  # every tensor still gathered
+
+
+def test_the_fused_optimizer_and_the_one_rank_shortcut_update_as_torchs_adamw(tiny_model):
+    """The engine's AdamW runs torch's fused kernel, and alone (ZeRO-0, one rank) it skips DeepSpeed's
+    gradient all-reduce: three updates land where torch's plain AdamW on the same model lands."""
+    ensure_process_group(torch.device("cpu"))
+    cfg = ActorConfig(lr=1e-2, zero_stage=0, grad_clip=1e9, weight_decay=0.1)
+    engine = _engine(tiny_model, cfg)
+    assert engine.engine.enable_backward_allreduce is False
+    assert engine.optimizer.param_groups[0]["fused"] is True
+    reference = load_causal_lm(str(tiny_model), torch.float32)
+    plain = torch.optim.AdamW(reference.parameters(), lr=1e-2, betas=cfg.betas, weight_decay=0.1, foreach=False)
+    for seed in range(3):
+        ids = torch.randint(3, 50, (4, 12), generator=torch.Generator().manual_seed(seed))
+        _update(engine, ids)
+        plain.zero_grad()
+        reference(input_ids=ids, labels=ids).loss.backward()
+        plain.step()
+    # Adam moves an element whose gradient is near eps by up to lr on summation-order noise.
+    assert_same_adam_step({n: p.detach() for n, p in engine.module.named_parameters()},
+                          {n: p.detach() for n, p in reference.named_parameters()}, lr=1e-2, close=1e-5)
