@@ -22,6 +22,12 @@ batch over its wall time), every round's ratio, and the step's achieved FLOP/s, 
 tokens per second (2 per token to generate it, 6 to train on it; the input embedding, a lookup,
 not counted) against the machine's fp32 matrix-product peak measured here at the same thread
 count. --busy K runs K spinning processes beside every run (a shared laptop or CI runner).
+
+Beside it, hflow's efficiency account (`hflow bench step`'s, `trainer/control/bench_account.py`):
+per phase the FLOPs and bytes it needed, what it computed, the least time this machine allows
+(peaks measured here at the phase's shapes) and the share of that limit reached. TRL has no meter
+of ours: its line is the same needed work for its own rows (prompt and completion lengths of
+every step, prompts shared by their 4 samples), the same limit, and its measured step time.
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ def read_hflow(out: str) -> dict:
     events = [json.loads(line) for path in glob.glob(f"{out}/*/events.jsonl")
               for line in Path(path).read_text().splitlines()]
     steps = [e for e in events if "timing/step" in e][WARMUP:]
-    return {"tokens_per_s": [e["throughput/tokens_per_s"] for e in steps], "step_s": [e["timing/step"] for e in steps]}
+    return {"tokens_per_s": [e["throughput/tokens_per_s"] for e in steps], "step_s": [e["timing/step"] for e in steps],
+            "events": steps}
 
 
 def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
@@ -82,11 +89,13 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     dataset = Dataset.from_list(make_rows("digits", a.prompts * (a.steps + 1), seed=0))
     tokens: list[int] = []
+    rows: list[list[tuple[int, int]]] = []  # per step, each row's (prompt, completion) tokens
 
     def reward(prompts, completions, task, answer, completion_ids, **_):
         # The sampled ids, not the decoded text re-tokenized (a BPE's random bytes re-encode longer).
-        tokens.append(sum(len(tokenizer(p, add_special_tokens=False).input_ids) + len(ids) for p, ids in
-                          zip(prompts, completion_ids)))
+        rows.append([(len(tokenizer(p, add_special_tokens=False).input_ids), len(ids))
+                     for p, ids in zip(prompts, completion_ids)])
+        tokens.append(sum(p + c for p, c in rows[-1]))
         return synthetic(prompts, completions, task=task, answer=answer)
 
     class StepClock(TrainerCallback):
@@ -115,7 +124,7 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
                           processing_class=tokenizer, callbacks=[clock])
     trainer.train()
     return {"tokens_per_s": [t / s for t, s in zip(tokens[WARMUP:], clock.times[WARMUP:])],
-            "step_s": clock.times[WARMUP:]}
+            "step_s": clock.times[WARMUP:], "rows": rows[WARMUP:]}
 
 
 def build_model(out: str, size: str, tokenizer: str) -> Path:
@@ -188,14 +197,14 @@ def one_run(name: str, model_dir: Path, out: str, a: argparse.Namespace, env: di
 
 
 def scan_size(label: str, model_dir: Path, tmp: str, a: argparse.Namespace, env: dict, peak: float) -> dict:
-    steps = {name: {"tokens_per_s": [], "step_s": []} for name in ("hflow", "trl")}
+    steps = {name: {"tokens_per_s": [], "step_s": [], "events": [], "rows": []} for name in ("hflow", "trl")}
     rounds = []
     for i in range(a.rounds):
         medians = {}
         for name in (["hflow", "trl"] if i % 2 == 0 else ["trl", "hflow"]):
             result = one_run(name, model_dir, f"{tmp}/{label}-{name}-{i}", a, env)
             for key in steps[name]:
-                steps[name][key] += result[key]
+                steps[name][key] += result.get(key, [])
             medians[name] = statistics.median(result["tokens_per_s"])
         rounds.append({**medians, "ratio": medians["hflow"] / medians["trl"]})
     params = flop_params(model_dir)
@@ -205,7 +214,41 @@ def scan_size(label: str, model_dir: Path, tmp: str, a: argparse.Namespace, env:
         out[name] = {"tokens_per_s": tps, "step_s": statistics.median(v["step_s"]),
                      "flops_per_s": 8 * params * tps, "of_peak": 8 * params * tps / peak}
     out["ratio"] = out["hflow"]["tokens_per_s"] / out["trl"]["tokens_per_s"]
+    out["account"] = accounts(str(model_dir), a, steps)
     return out
+
+
+def accounts(model_dir: str, a: argparse.Namespace, steps: dict) -> dict:
+    """hflow's efficiency account of its steps, and TRL's step against the same limit: the needed
+    work of its own rows (generation and the update: TRL at num_iterations=1 and beta=0 makes no
+    other pass) over the same peaks."""
+    import torch
+
+    from hflow.trainer.config.load import load_recipe
+    from hflow.trainer.control.bench_account import account
+    from hflow.trainer.control.work_account import phase_needs, role_shapes
+    from hflow.trainer.control.work_needed import StepRows
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cmd = hflow_command(model_dir, "unused", a)
+    recipe = load_recipe("grpo/quickstart", [v for k, v in zip(cmd, cmd[1:]) if k == "--set"])[0]
+    hflow = account(steps["hflow"]["events"], recipe)
+    shape, bandwidth = role_shapes(recipe)["actor"], hflow["peaks"]["bandwidth_bytes_per_s"]
+    limits, flops = [], []
+    for rows in steps["trl"]["rows"]:
+        lengths = torch.tensor(rows)
+        step_rows = StepRows(lengths[:, 0], lengths[:, 1], torch.arange(len(rows)) // N)
+        needs = {phase: phase_needs(phase, "actor", shape, step_rows, recipe) for phase in ("generate", "update_actor")}
+        flops.append(sum(f for f, _ in needs.values()))
+        limits.append(sum(max(f / hflow["phases"][phase]["peak_flops_per_s"], b / bandwidth)
+                          for phase, (f, b) in needs.items()))
+    hflow_step = statistics.median(steps["hflow"]["step_s"])
+    trl_step, trl_limit = statistics.median(steps["trl"]["step_s"]), statistics.median(limits)
+    return {"hflow": {**hflow, "wall": {"limit_s": hflow["step"]["limit_s"], "step_s": hflow_step,
+                                        "share_of_limit": hflow["step"]["limit_s"] / hflow_step}},
+            "trl": {"needed_flops": statistics.median(flops), "limit_s": trl_limit, "step_s": trl_step,
+                    "share_of_limit": trl_limit / trl_step}}
 
 
 def main() -> None:
@@ -234,7 +277,8 @@ def main() -> None:
     peak = matmul_peak(env)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        models = [(a.model, Path(a.model))] if a.model else [
+        # Absolute: the TRL subprocess runs in the temporary folder.
+        models = [(a.model, Path(a.model).resolve())] if a.model else [
             (f"{s}-{a.tokenizer}", build_model(f"{tmp}/{s}", s, a.tokenizer)) for s in a.sizes.split(",")]
         for label, model_dir in models:
             results.append(scan_size(label, model_dir, tmp, a, env, peak))
@@ -255,6 +299,16 @@ def report(r: dict, a: argparse.Namespace) -> None:
         m = r[name]
         print(f"{name:8}{m['step_s']:>9.3f}{m['tokens_per_s']:>10.0f}{m['flops_per_s'] / 1e9:>9.1f}{m['of_peak']:>9.0%}")
     print(f"ratio hflow / TRL: {r['ratio']:.2f}x")
+    from hflow.trainer.control.bench_account import table
+
+    acct = r["account"]
+    print("hflow's efficiency account (medians over its steps):")
+    for line in table(acct["hflow"]):
+        print("  " + line)
+    for name in ("hflow", "trl"):
+        x = acct[name]["wall"] if name == "hflow" else acct[name]
+        print(f"{name:6} step {x['step_s']:.4f} s against a limit of {x['limit_s']:.4f} s for the work its rows "
+              f"need: {x['share_of_limit']:.1%} of the limit")
 
 
 if __name__ == "__main__":

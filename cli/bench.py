@@ -27,14 +27,16 @@ def bench(
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Measure RECIPE: rollout tokens/s, full RL step tokens/s (prompt + response tokens of the
-    global batch / step time, the HybridFlow paper's metric), or the actor's phase switch time
-    and each rank's memory across it."""
+    global batch / step time, the HybridFlow paper's metric) with each phase's efficiency account
+    (needed FLOPs and bytes, computed / needed, the time limit from this machine's measured peaks,
+    the share of it reached), or the actor's phase switch time and each rank's memory across it."""
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
     check_runtime(loaded, str(path), roles=None if what is What.step else ["actor"])
     # torch and the rest load only now: a mistake in the recipe is reported in a fraction of a second.
     from hflow.engine.models.loading import build_tiny_model
     from hflow.trainer.control import bench as measure
+    from hflow.trainer.control.bench_account import table as account_table
 
     if loaded.model.init:
         from pathlib import Path
@@ -52,6 +54,13 @@ def bench(
         typer.echo(json.dumps(result))
         return
     for key, value in result.items():
+        if key == "account":
+            continue
         if isinstance(value, float):
             value = f"{value:,.4g}"
         typer.echo(f"{key:24} {value}")
+    if "account" in result:
+        typer.echo("\nefficiency account (per phase: needed work, computed / needed, the least time this machine "
+                   "allows, measured time, share of that limit; medians over the steps):")
+        for line in account_table(result["account"]):
+            typer.echo(line)

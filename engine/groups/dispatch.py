@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hflow.engine import work_meter
 from hflow.engine.groups.batch import Batch
 
 DISPATCH_ATTR = "__hflow_dispatch__"
@@ -98,12 +99,20 @@ def add_protocol(name: str, split, collect) -> Protocol:
 
 
 def register(dispatch: Protocol) -> Callable:
-    """Mark a worker method with the protocol its WorkerGroup uses to call it."""
+    """Mark a worker method with the protocol its WorkerGroup uses to call it. A method that
+    computes a phase of the RL step (`work_meter.PHASES`) counts its models' work under that
+    phase, or under `eval` when its batch is an evaluation's (`meta["eval"]`)."""
 
     def mark(method: Callable) -> Callable:
+        phase = work_meter.PHASES.get(method.__name__)
+
         @functools.wraps(method)
         def inner(*args, **kwargs):
-            return method(*args, **kwargs)
+            if phase is None:
+                return method(*args, **kwargs)
+            evaluating = len(args) > 1 and isinstance(args[1], Batch) and args[1].meta.get("eval")
+            with work_meter.working_on(work_meter.EVAL if evaluating else phase):
+                return method(*args, **kwargs)
 
         setattr(inner, DISPATCH_ATTR, dispatch)
         return inner

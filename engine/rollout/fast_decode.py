@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hflow.engine import work_meter
+
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
 
 
@@ -83,6 +85,7 @@ class FastDecoder:
         # module attribute lookups and calls at every step.
         self.weights = [LayerWeights(layer) for layer in inner.layers]
         self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        self.meter = work_meter.meter_of(inner.embed_tokens)  # told each step's cache length
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these rows (finished sequences leave the batch)."""
@@ -114,6 +117,8 @@ class FastDecoder:
         """Logits (B, vocab) after appending `tokens` (B,) to every row."""
         batch = tokens.shape[0]
         slot = self.length
+        if self.meter is not None:
+            self.meter.cached = slot  # every row attends to slot + 1 columns, padding included
         h = self.model.model.embed_tokens(tokens[:, None])
         cos = self.cos[self.next_position][:, None, None, :]
         sin = self.sin[self.next_position][:, None, None, :]

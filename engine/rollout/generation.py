@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hflow.engine import work_meter
 from hflow.engine.lm_head import logits_kwargs
 from hflow.engine.rollout.assembly import assemble_rollout, positions
 from hflow.engine.rollout.fast_decode import FastDecoder, supports
@@ -110,6 +111,7 @@ class HFGenerator:
     def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, batch_size: int,
                  fast: bool = True):
         self.model = model
+        work_meter.attach(model, "actor")  # the policy's generation work (a model already metered keeps its meter)
         self.fast = fast and supports(model)  # the lean decoding step (fast_decode.py) where it applies
         self.eos = torch.tensor(sorted(set(eos_token_ids)))
         self.pad = pad_token_id

@@ -94,13 +94,18 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
     cache = prefix.past_key_values
     groups = groups.to(prompt_ids.device)
     cache.batch_select_indices(groups)
-    start = mask[:, :width_p].sum(-1, keepdim=True)
-    out = forward(input_ids=responses, attention_mask=mask,
-                  position_ids=start + torch.arange(width_r, device=mask.device)[None],
-                  past_key_values=cache, use_cache=True)
     last = prefix.logits.shape[1] - 1
     first = token_log_probs(prefix.logits, (groups, torch.full_like(groups, last)), responses[:, 0],
                             temperature, with_entropy)
+    if width_r == 1 and not batch.meta.get("lockstep"):
+        return tuple(a[:, None] if a is not None else None for a in first)
+    # The responses but their last column, whose output predicts nothing (ZeRO-3 ranks in lockstep
+    # run this forward even for one column, as every rank must).
+    ids = responses[:, :-1] if width_r > 1 else responses
+    start = mask[:, :width_p].sum(-1, keepdim=True)
+    out = forward(input_ids=ids, attention_mask=mask[:, :width_p + ids.shape[1]],
+                  position_ids=start + torch.arange(ids.shape[1], device=mask.device)[None],
+                  past_key_values=cache, use_cache=True)
     row = torch.arange(rows, device=mask.device)[:, None].expand(-1, width_r - 1)
     column = torch.arange(width_r - 1, device=mask.device)[None].expand(rows, -1)
     rest = token_log_probs(out.logits, (row, column), responses[:, 1:], temperature, with_entropy)
@@ -120,11 +125,12 @@ def _left_aligned_scores(forward: Callable, batch: Batch, temperature: float,
     width_r = responses.shape[1]
     width_p = mask.shape[1] - width_r
     prompt_lengths = mask[:, :width_p].sum(-1)
-    columns = int(mask.sum(-1).max())
+    # Every row's tokens but the longest row's last, whose output predicts nothing.
+    columns = max(1, int(mask.sum(-1).max()) - 1)
     source = (width_p - prompt_lengths)[:, None] + torch.arange(columns, device=mask.device)[None]
     input_ids = batch[col.INPUT_IDS].gather(1, source.clamp(max=mask.shape[1] - 1))
     # Logits at column t predict token t + 1: row i's response logits start at column p_i - 1.
-    first = int(prompt_lengths.min()) - 1
+    first = min(int(prompt_lengths.min()) - 1, columns - 1)
     out = forward(input_ids=input_ids, use_cache=False,
                   **logits_kwargs(forward, columns - first, columns, mask.device))
     logits = out.logits

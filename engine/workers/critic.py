@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from hflow.engine import columns as col
+from hflow.engine import work_meter
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group
@@ -57,6 +58,7 @@ class CriticWorker(Worker):
                 model.backbone = apply_lora(model.backbone, self.spec.lora, "critic", m.path, causal_lm=False)
             if m.gradient_checkpointing:
                 model.backbone.enable_input_require_grads()
+        work_meter.attach(model, self.prefix)  # what its passes compute, per phase (`work_meter.py`)
         if is_partitioned(model):
             model.to(self.device)  # the head alone: zero.Init placed the backbone's partitions
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from hflow.engine import columns as col
+from hflow.engine import work_meter
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group
@@ -35,6 +36,7 @@ class ReferenceWorker(Worker):
         if not is_partitioned(model):
             model.to(self.device)
         model.eval().requires_grad_(False)
+        work_meter.attach(model, "reference")  # what its passes compute (`work_meter.py`)
         self.model = frozen_engine(model, zero, dtype)
 
     @register(Dispatch.DP_COMPUTE)

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from typer.testing import CliRunner
@@ -35,6 +36,29 @@ def test_bench_rollout_switch_and_step(tmp_path, tiny_model):
     assert step["steps"] == 2 and step["tokens_per_s"] > 0
     assert 0 < step["actor_update_flops_per_s"] < 10 * step["fp32_matmul_peak_flops_per_s"]
     assert {"generate", "update_actor"} <= set(step["stages_s"])
+    _check_account(step["account"])
+
+
+def _check_account(account):
+    """Every phase computed at least what it needed, reached a share of its limit between 0 and a
+    sane bound (1 is the machine's best; the peaks are measured on a noisy machine), and the step
+    line adds the phases up."""
+    from hflow.trainer.control.bench_account import table
+
+    phases = account["phases"]
+    assert {"generate", "old_log_prob", "reference", "update_actor"} <= set(phases)
+    for name, phase in phases.items():
+        assert phase["needed_flops"] > 0 and phase["needed_bytes"] > 0 and phase["limit_s"] > 0, name
+        assert phase["computed_over_needed"] >= 1, (name, phase)
+        assert 0 < phase["share_of_limit"] < 5, (name, phase)
+    step = account["step"]
+    assert step["needed_flops"] == pytest.approx(sum(p["needed_flops"] for p in phases.values()))
+    assert step["limit_s"] == pytest.approx(sum(p["limit_s"] for p in phases.values()))
+    assert 0 < step["min_memory_bytes"] < step["peak_memory_bytes"]
+    assert account["peaks"]["matmul_1024_flops_per_s"] > 0 and account["peaks"]["bandwidth_bytes_per_s"] > 0
+    lines = table(account)
+    assert lines[0].split()[:2] == ["phase", "GFLOP"] and [line.split()[0] for line in lines[1:6]] == [
+        *phases, "step"][:5]
 
 
 def test_bench_switch_states_the_gathered_generators_memory_per_phase(tmp_path, tiny_model):

@@ -19,6 +19,7 @@ from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.algorithms.registry import trainer_for
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.bench_account import account
 from hflow.trainer.control.placement import build_worker_groups
 from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.rundir.writer import RunDir
@@ -67,7 +68,8 @@ def bench_rollout(recipe: Recipe, repeats: int) -> dict:
 
 
 def bench_step(recipe: Recipe, steps: int) -> dict:
-    """Full RL steps of the recipe's algorithm; medians over the steps after the first."""
+    """Full RL steps of the recipe's algorithm; medians over the steps after the first, and the
+    efficiency account of each phase (`bench_account.py`)."""
     recipe.trainer.total_steps = steps
     recipe.trainer.save_every = 0
     recipe.logging.samples_per_step = 0
@@ -89,6 +91,7 @@ def bench_step(recipe: Recipe, steps: int) -> dict:
         "step_s": statistics.median(e["timing/step"] for e in events),
         "stages_s": {k.removeprefix("timing/"): statistics.median(e.get(k, 0.0) for e in events) for k in stages},
         "peak_bytes": max(e.get("memory/peak_bytes", 0.0) for e in events),
+        "account": account(events, recipe),
     }
 
 

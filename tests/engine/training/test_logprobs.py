@@ -150,13 +150,14 @@ FULL = B * R * V * 4
 
 
 def _rows(requires_grad: bool, dtype=torch.float32):
-    """Whole rows (prompts all of length P): scored from logits columns P - 1 .. P + R - 1."""
+    """Whole rows (prompts all of length P): scored from logits columns P - 1 .. P + R - 2 (the
+    last token's column predicts nothing and is not run)."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, V, (B, P + R), generator=g)
     batch = Batch({"input_ids": ids, "attention_mask": torch.ones(B, P + R, dtype=torch.long),
                    "responses": ids[:, P:], "response_mask": torch.ones(B, R, dtype=torch.long)},
                   meta={"share_prompts": False})
-    logits = torch.randn(B, R + 1, V, generator=g).to(dtype).requires_grad_(requires_grad)
+    logits = torch.randn(B, R, V, generator=g).to(dtype).requires_grad_(requires_grad)
     return LMHead(logits), batch
 
 

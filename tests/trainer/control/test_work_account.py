@@ -1,0 +1,39 @@
+"""A training run's events carry each phase's work account: PPO with a reward model and a critic
+has every phase of the step, each needing work and having computed at least that."""
+
+import pytest
+
+from helpers import train_run, write_recipe
+
+PPO_PHASES = {"generate", "old_log_prob", "reference", "values", "reward", "update_critic", "update_actor"}
+
+
+@pytest.fixture(scope="module")
+def tiny_scorer(tmp_path_factory):
+    """An untrained tiny reward model (a sequence classifier with the tiny tokenizer): it only has
+    to run."""
+    from hflow.engine.models.loading import build_tiny_score_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny-scorer"
+    model, tokenizer = build_tiny_score_model()
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.slow
+def test_events_carry_every_phases_needed_and_computed_work(tmp_path, tiny_model, tiny_scorer):
+    recipe = write_recipe(tmp_path / "ppo.yaml", tiny_model, algorithm="ppo", reward={"model": str(tiny_scorer)},
+                          critic={"mini_batch_size": 16, "micro_batch_size": 16},
+                          trainer={"total_steps": 2, "save_every": 0})
+    _, events = train_run(recipe)
+    for event in events:
+        phases = {key.split("/")[1] for key in event if key.startswith("work/")}
+        assert phases == PPO_PHASES, event["step"]
+        for phase in phases:
+            needed, computed = event[f"work/{phase}/needed_flops"], event[f"work/{phase}/computed_flops"]
+            assert 0 < needed <= computed, (phase, needed, computed)
+            assert event[f"work/{phase}/needed_bytes"] > 0
+        # the update is a forward and a backward (3x) of what the scoring pass needed
+        assert event["work/update_actor/needed_flops"] == pytest.approx(3 * event["work/old_log_prob/needed_flops"])
+        assert event["work/reference/needed_flops"] == event["work/old_log_prob/needed_flops"]  # same model

@@ -1,0 +1,170 @@
+"""The work a phase of the RL step NEEDS, and the FLOPs of work counted by the engine's meter.
+
+Work is counted in the units of `engine/work_meter.py`: body tokens (positions through the
+decoder), attention keys ((query, key) pairs of causal attention: the token at position p attends
+to p + 1 keys) and head positions (the LM head's logits, or a score model's scalar head). What a
+phase needs, from its rows' real tokens only (no padding):
+
+  a prompt runs once for its group (the rows with one `uid`); a response of r tokens needs r - 1
+  more positions (its last token predicts nothing), and r logits of which the first, at the last
+  prompt position, its group shares: groups + sum(r - 1) in all. Generation needs exactly this
+  (a prefill per prompt, then one decoding step per row per token but the last), and so does
+  scoring the rollout (old log-probs, reference, a critic's values). A reward model reads the
+  score after the last response token: the response's r positions, one head position per row.
+  The update is a forward and a backward, 3x a forward (Kaplan et al. 2020, arXiv 2001.08361).
+
+FLOPs: 2 per weight of a matrix product per token (the mapper's `ModelShape`), attention
+4 x layers x hidden per key (QK^T and AV, 2 x hidden each per layer), and 2 per head weight per
+head position.
+
+Bytes: a pass reads its weights at least once; generation is memory-bound (Pope et al. 2022,
+arXiv 2211.05102): every decoding step of each decode batch reads the weights, and each row reads
+its KV cache; the update's forward and backward read the weights once each per optimizer step,
+and AdamW in fp32 reads param, grad, exp_avg and exp_avg_sq and writes param, exp_avg and
+exp_avg_sq: 28 bytes per trained parameter per optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hflow.mapper.models import ModelShape
+
+ADAMW_BYTES_PER_PARAM = 28  # 4 fp32 tensors read, 3 written
+BACKWARD = 2  # a backward pass costs twice its forward
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Work in the meter's units: body tokens, attention keys, head positions."""
+
+    tokens: int = 0
+    keys: int = 0
+    logits: int = 0
+
+    def __add__(self, other: "Counts") -> "Counts":
+        return Counts(self.tokens + other.tokens, self.keys + other.keys, self.logits + other.logits)
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """A step's rows as the needed work sees them (real tokens only): each row's prompt length,
+    response length and prompt group (rows of one group share their prompt)."""
+
+    prompt_lengths: torch.Tensor  # (N,) long
+    response_lengths: torch.Tensor  # (N,) long
+    groups: torch.Tensor  # (N,) long, group index of each row
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def group_prompts(self) -> torch.Tensor:
+        """(G,) the prompt length of each group, in order of first appearance."""
+        return self.prompt_lengths[_first_rows(self.groups)]
+
+
+def _first_rows(groups: torch.Tensor) -> torch.Tensor:
+    """(G,) the first row of each group, in row order."""
+    values, inverse = torch.unique(groups, return_inverse=True)
+    first = torch.full((len(values),), len(groups), dtype=torch.long).scatter_reduce(
+        0, inverse, torch.arange(len(groups)), "amin")
+    return first.sort().values
+
+
+def step_rows(attention_mask: torch.Tensor, response_width: int, uids: list | None,
+              input_ids: torch.Tensor | None = None) -> StepRows:
+    """The rows of a rollout batch: attention_mask (N, P + R) with R = `response_width` (1 on real
+    tokens: a multi-turn response's environment tokens count), and the rows' `uid`s, one per
+    prompt group (None: each row its own group). With `input_ids` (N, P + R), rows whose prompts
+    are the same tokens are one group whatever their uids: a data set may hold a prompt twice,
+    and a prompt needs running once however many groups sample it."""
+    mask = attention_mask.long()
+    width_p = mask.shape[1] - response_width
+    prompts, responses = mask[:, :width_p].sum(-1), mask[:, width_p:].sum(-1)
+    if input_ids is not None:
+        masked = torch.cat([input_ids[:, :width_p] * mask[:, :width_p], prompts[:, None]], 1)
+        groups = torch.unique(masked, dim=0, return_inverse=True)[1]
+    elif uids is None:
+        groups = torch.arange(len(mask))
+    else:
+        index: dict = {}
+        groups = torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long)
+    return StepRows(prompts, responses, groups)
+
+
+def causal_sum(start: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Keys of `count` consecutive positions from `start`: sum of p + 1 for p in [start, start + count)."""
+    return count * start + count * (count + 1) // 2
+
+
+def scoring_counts(rows: StepRows) -> Counts:
+    """One pass that scores every response token (log-probs, values), or generates them:
+    each group's prompt once, then r - 1 positions per row."""
+    prompts = rows.group_prompts()
+    steps = (rows.response_lengths - 1).clamp(min=0)
+    keys = causal_sum(torch.zeros_like(prompts), prompts).sum() + causal_sum(rows.prompt_lengths, steps).sum()
+    return Counts(int(prompts.sum() + steps.sum()), int(keys), int(len(prompts) + steps.sum()))
+
+
+def reward_counts(rows: StepRows) -> Counts:
+    """A reward model's pass: each group's prompt once, every response token, one score per row."""
+    prompts = rows.group_prompts()
+    r = rows.response_lengths
+    keys = causal_sum(torch.zeros_like(prompts), prompts).sum() + causal_sum(rows.prompt_lengths, r).sum()
+    return Counts(int(prompts.sum() + r.sum()), int(keys), len(rows))
+
+
+def head_params(shape: ModelShape, lm_head: bool) -> int:
+    """Weights of the head: the LM head (vocab x hidden), or a score model's (hidden x 1)."""
+    return shape.vocab * shape.hidden if lm_head else shape.hidden
+
+
+def forward_flops(shape: ModelShape, lm_head: bool, work: Counts) -> float:
+    """FLOPs of a forward that did `work`."""
+    body = shape.matmul_params(lm_head) - head_params(shape, lm_head)
+    return (2.0 * body * work.tokens + 4.0 * shape.layers * shape.hidden * work.keys
+            + 2.0 * head_params(shape, lm_head) * work.logits)
+
+
+def computed_flops(shape: ModelShape, lm_head: bool, counted: dict[str, int]) -> float:
+    """FLOPs of a meter's counts ({tokens, keys, logits, backward_tokens, ...}): forward + 2x backward."""
+    forward = Counts(counted.get("tokens", 0), counted.get("keys", 0), counted.get("logits", 0))
+    backward = Counts(counted.get("backward_tokens", 0), counted.get("backward_keys", 0),
+                      counted.get("backward_logits", 0))
+    return forward_flops(shape, lm_head, forward) + BACKWARD * forward_flops(shape, lm_head, backward)
+
+
+def weights_bytes(shape: ModelShape, lm_head: bool, dtype_bytes: int) -> float:
+    return float(shape.params(lm_head) * dtype_bytes)
+
+
+def generation_bytes(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_bytes: int) -> float:
+    """Bytes generation reads: per decode batch (`batch_rows` consecutive rows) the weights at its
+    prefill and at each decoding step (its longest response less one), and each row's KV cache at
+    each of its decoding steps (r - 1 steps over the keys of `scoring_counts`)."""
+    steps = (rows.response_lengths - 1).clamp(min=0)
+    reads = sum(1 + int(part.max()) for part in steps.split(max(1, batch_rows)))
+    kv_keys = int(causal_sum(rows.prompt_lengths, steps).sum())
+    return reads * weights_bytes(shape, True, dtype_bytes) + kv_keys * shape.kv_bytes_per_token(dtype_bytes)
+
+
+def update_bytes(shape: ModelShape, lm_head: bool, dtype_bytes: int, optimizer_steps: int,
+                 trained_params: int) -> float:
+    """Bytes an update reads and writes: per optimizer step the weights in the forward and in the
+    backward, and AdamW's fp32 state of the trained parameters."""
+    per_step = 2 * weights_bytes(shape, lm_head, dtype_bytes) + ADAMW_BYTES_PER_PARAM * trained_params
+    return optimizer_steps * per_step
+
+
+def lora_params(shape: ModelShape, rank: int, targets) -> int:
+    """Trained parameters of LoRA adapters (A: rank x in, B: out x rank) on `targets` of every layer
+    (`all-linear`: every projection of the decoder)."""
+    sizes = {"q_proj": (shape.hidden, shape.hidden), "k_proj": (shape.hidden, shape.kv_dim),
+             "v_proj": (shape.hidden, shape.kv_dim), "o_proj": (shape.hidden, shape.hidden),
+             "gate_proj": (shape.hidden, shape.ffn), "up_proj": (shape.hidden, shape.ffn),
+             "down_proj": (shape.ffn, shape.hidden)}
+    names = LORA_TARGETS if targets == "all-linear" else [t for t in targets if t in sizes]
+    return shape.layers * sum(rank * sum(sizes[name]) for name in names)
