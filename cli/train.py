@@ -12,10 +12,17 @@ import typer
 
 from hflow.cli.quiet import quiet_libraries
 from hflow.errors import RunFailed, UserError
-from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe, parse_overrides, read_yaml
+from hflow.trainer.config.load import (
+    absolute_paths,
+    build_recipe,
+    check_runtime,
+    load_recipe,
+    parse_overrides,
+    read_yaml,
+)
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.stop import is_stop, stop_exit_code, stop_message, stop_signals
-from hflow.trainer.rundir.layout import RECIPE
+from hflow.trainer.rundir.layout import FINAL, RECIPE
 
 if TYPE_CHECKING:
     from hflow.trainer.rundir.writer import RunDir
@@ -25,6 +32,9 @@ ENV_PREFIX = Recipe.model_config["env_prefix"]  # HFLOW_: recipe keys from the e
 RESUME_SETTABLE = ("trainer.total_steps", "trainer.save_every", "trainer.keep_checkpoints", "logging.",
                    "trainer.eval_every", "eval.", "data.eval",  # evaluation never changes the training
                    "trainer.on_nonfinite")  # a run that stopped at a NaN reward may go on skipping such steps
+# ... and keys set to a value that only narrows what the run trusts (a run directory from someone
+# else may turn trust_remote_code on for a model inside it, or run model-written code unsandboxed).
+RESUME_NARROWING = {"model.trust_remote_code": (False,), "rollout.sandbox": ("bwrap",)}
 
 
 def train(
@@ -61,10 +71,15 @@ def train(
             check_inputs(loaded)  # before a run directory is made for them
             _check_device(loaded)
             _note_slow_bf16(loaded)
+            if resume is None:  # the run directory keeps every local path absolute (resume from anywhere)
+                loaded = absolute_paths(loaded if output_dir is None else _with_output_dir(loaded, output_dir))
             run = RunDir.reopen(resume, loaded) if resume is not None else RunDir.create(loaded, output_dir)
             run.ray_address = ray_address
             typer.echo(f"run directory: {run.path}", err=True)
-            _run(algorithm, loaded, run)
+            if resume is not None and _finished(run, loaded):
+                run.close()
+            else:
+                _run(algorithm, loaded, run)
         except BaseException as err:
             if not is_stop(err):
                 raise
@@ -74,6 +89,25 @@ def train(
             typer.echo(f"error: {stop_message(err)}{where}", err=True)
             raise typer.Exit(stop_exit_code(err)) from None
     typer.echo(str(run.path))
+
+
+def _with_output_dir(recipe: Recipe, output_dir: Path) -> Recipe:
+    """`recipe` with trainer.output_dir set to --output-dir: the run directory records where it went."""
+    recipe = recipe.model_copy(deep=True)
+    recipe.trainer.output_dir = str(output_dir)
+    return recipe
+
+
+def _finished(run: RunDir, recipe: Recipe) -> bool:
+    """True, and one line saying so, when the resumed run has trained every step asked for already
+    and exported final/: nothing is started or rewritten."""
+    status = run.read_status()
+    total = recipe.trainer.total_steps
+    done = status.get("status") == "finished" and status.get("step", 0) >= total and (run.path / FINAL).is_dir()
+    if done:
+        typer.echo(f"note: {run.path} finished all {total} steps already, nothing to do (to train further: "
+                   f"hflow train --resume {run.path} --set trainer.total_steps=N, N > {total})", err=True)
+    return done
 
 
 def _check_device(recipe: Recipe) -> None:
@@ -136,21 +170,42 @@ def _run(algorithm, recipe: Recipe, run: RunDir) -> None:
 
 
 def _resume_recipe(run_dir: Path, set_: list[str]) -> Recipe:
+    """The run's own recipe.yaml, unedited since the run began (`recipe_file.check_unedited`), with
+    the --set and HFLOW_ overrides a resume allows."""
+    from hflow.trainer.rundir.recipe_file import check_unedited
+
     saved = run_dir / RECIPE
     if not saved.is_file():
         raise UserError(f"--resume {run_dir}: not a run directory (no {RECIPE})")
+    data = read_yaml(saved)
+    check_unedited(run_dir, data)
     for pair in set_:
-        key = pair.partition("=")[0]
-        if not key.startswith(RESUME_SETTABLE):
+        key, _, value = pair.partition("=")
+        if not _may_change(key, value):
             raise UserError(f"--set {key}: cannot change on --resume (it would change the run's math); "
                             f"allowed: {_settable()}")
     for var in sorted(os.environ):
         key = var.removeprefix(ENV_PREFIX).lower().replace("__", ".")
-        if var.startswith(ENV_PREFIX) and not key.startswith(RESUME_SETTABLE):
+        if var.startswith(ENV_PREFIX) and not _may_change(key, os.environ[var]):
             raise UserError(f"environment variable {var}: cannot change {key} on --resume (it would change the "
                             f"run's math); unset it (what may change: {_settable()}, by --set or {ENV_PREFIX}...)")
-    return build_recipe(read_yaml(saved), parse_overrides(set_), str(saved))
+    recipe = build_recipe(data, parse_overrides(set_), str(saved))
+    if recipe.model.trust_remote_code:
+        typer.echo(f"note: {saved} sets model.trust_remote_code: true, so code shipped with {recipe.model.path} "
+                   "runs; for a run directory from someone else add --set model.trust_remote_code=false", err=True)
+    return recipe
+
+
+def _may_change(key: str, value: str) -> bool:
+    """Whether --set KEY=VALUE (or its HFLOW_ variable) may apply on --resume."""
+    key = key.strip()
+    if key.startswith(RESUME_SETTABLE):
+        return True
+    parsed = parse_overrides([f"v={value}"])["v"]
+    return any(parsed == v and type(parsed) is type(v) for v in RESUME_NARROWING.get(key, ()))
 
 
 def _settable() -> str:
-    return ", ".join(k + ("*" if k.endswith(".") else "") for k in RESUME_SETTABLE)
+    keys = [k + ("*" if k.endswith(".") else "") for k in RESUME_SETTABLE]
+    narrowing = [f"{k}={str(v).lower()}" for k, values in RESUME_NARROWING.items() for v in values]
+    return ", ".join(keys + narrowing)

@@ -85,3 +85,16 @@ def real_vllm():
     if problem:
         pytest.skip(problem)
     return device.type
+
+
+@pytest.fixture(scope="session")
+def bwrap():
+    """bubblewrap, the code tool's sandbox; `make setup` installs it where apt-get can, so in CI a
+    missing or broken one fails the sandbox tests instead of skipping them."""
+    from hflow.engine.rollout.sandbox import problem
+
+    reason = problem()
+    if reason and os.environ.get("CI"):
+        pytest.fail(f"CI must run the sandbox tests, but {reason}")
+    if reason:
+        pytest.skip(reason)

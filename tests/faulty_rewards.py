@@ -50,3 +50,11 @@ def slow(prompts, responses, **columns):
     """`synthetic`, a third of a second late: a run slow enough for a test to act between its steps."""
     time.sleep(0.3)
     return synthetic(prompts, responses, **columns)
+
+
+def hangs_at_second_call(prompts, responses, **columns):
+    """Step 2's call never returns, as a reward service that stopped answering."""
+    _calls["n"] += 1
+    if _calls["n"] >= 2:
+        time.sleep(3600)
+    return synthetic(prompts, responses, **columns)

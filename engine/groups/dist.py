@@ -6,6 +6,7 @@ must run before any `import deepspeed`.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shutil
@@ -103,6 +104,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def is_loopback(host: str | None) -> bool:
+    """Whether `host` is this machine's loopback address (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
+_HOSTED: list = []  # the rendezvous sockets and stores this process serves, alive while it lives
+
+
+def host_loopback_rendezvous(device: torch.device, rank: int, world_size: int) -> None:
+    """Keep a rendezvous at MASTER_ADDR on the loopback address (all ranks on this machine: the
+    local backend, a Ray instance hflow started) listening there only.
+
+    torch's TCPStore server listens on every interface, whatever MASTER_ADDR says. Rank 0 serves
+    the rendezvous from a socket bound to the loopback address (`master_listen_fd`); the process
+    group's own store, multi-tenant on the same port (`torch.distributed.rendezvous`), reuses that
+    server. Gloo's connections go over the loopback interface too (GLOO_SOCKET_IFNAME, unless set)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if device.type == "cpu" and "lo" in {name for _, name in socket.if_nameindex()}:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if rank != 0:
+        return
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.bind((host, port))
+    listener.listen(max(128, world_size))
+    store = dist.TCPStore(host, port, world_size, True, datetime.timedelta(minutes=30), wait_for_workers=False,
+                          multi_tenant=True, master_listen_fd=listener.fileno())
+    _HOSTED.append((listener, store))
+
+
 def ensure_process_group(device: torch.device, rank: int = 0, world_size: int = 1) -> None:
     """torch.distributed for this rank (gloo on CPU, NCCL on GPU); a no-op once initialised."""
     import torch.distributed as dist
@@ -114,6 +153,8 @@ def ensure_process_group(device: torch.device, rank: int = 0, world_size: int = 
         # A group of one needs no shared rendezvous: always take a fresh local port, so an
         # inherited MASTER_PORT (a parent process's group) cannot collide with ours.
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    if is_loopback(os.environ.get("MASTER_ADDR")):
+        host_loopback_rendezvous(device, rank, world_size)
     # DeepSpeed puts its engine on cuda:LOCAL_RANK, and NCCL binds the communicator to the current
     # device, so both must be this rank's GPU before init: its index in this process (Ray's
     # assignment: `cuda_index`), not the global rank.

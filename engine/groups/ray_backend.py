@@ -14,7 +14,9 @@ pools therefore run at the same time, one after another only where data depends.
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -25,18 +27,8 @@ import torch
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
 from hflow.engine.groups.dist import cuda_index, free_port
-from hflow.engine.groups.ray_futures import (
-    Future,
-    InputFailed,
-    Part,
-    cut,
-    first_failure,
-    get_part,
-    get_result,
-    ray_module,
-    union_all,
-    unpack,
-)
+from hflow.engine.groups.ray_futures import Future, Part, cut, union_all, unpack
+from hflow.engine.groups.ray_watchdog import InputFailed, get_parts, ray_module
 from hflow.engine.groups.worker import ResourcePool, WorkerGroup
 from hflow.errors import first_line
 
@@ -51,6 +43,49 @@ def _init_keeping_sigterm(ray, **kwargs) -> None:
     finally:
         if callable(previous) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
+
+
+LOOPBACK = "127.0.0.1"
+_RAY_MODE: dict = {}  # Ray's own `ENABLE_RAY_CLUSTER` while a local instance runs; this process's token
+
+
+def start_local_ray(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
+    """Start a Ray instance on this machine for this process, reachable from this machine only.
+
+    Every Ray process (GCS, raylet, agents, workers) listens on the loopback address. ray.init
+    replaces a loopback `_node_ip_address` with the machine's network address
+    (`services.resolve_ip_for_localhost`) unless Ray runs as a single-machine instance, its mode
+    on Windows and macOS (`ray_constants.ENABLE_RAY_CLUSTER`, from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER):
+    hflow selects that mode for the instance it starts, and leaves it when it stops it (`stop_local_ray`).
+
+    Token authentication stays as Ray sets it (on for a local instance since Ray 2.59; a
+    RAY_AUTH_MODE in the environment is the user's choice). Without a token in the environment
+    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH) this process makes one, which Ray's processes inherit and
+    nothing prints, rather than Ray writing one to ~/.ray/auth_token for every later cluster (`hflow
+    train` starts one instance: a token per run)."""
+    ray = ray_module()
+    from ray._private import ray_constants
+
+    _RAY_MODE.setdefault("cluster", ray_constants.ENABLE_RAY_CLUSTER)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        # One per process: Ray's driver keeps the first token it loads for every later instance.
+        _RAY_MODE.setdefault("token", secrets.token_hex(32))  # 256 bits, as `ray get-auth-token --generate`
+        os.environ["RAY_AUTH_TOKEN"] = _RAY_MODE["token"]
+    # Ray's note that token authentication is on ends in how to turn it off: not hflow's advice.
+    logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+    _init_keeping_sigterm(ray, num_cpus=num_cpus, include_dashboard=False, dashboard_host=LOOPBACK,
+                          _node_ip_address=LOOPBACK, log_to_driver=log_to_driver, configure_logging=False)
+
+
+def stop_local_ray() -> None:
+    """Stop the instance `start_local_ray` started; Ray's own mode (several machines) comes back."""
+    ray = ray_module()
+    ray.shutdown()
+    if "cluster" in _RAY_MODE:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = _RAY_MODE.pop("cluster")
 
 
 class FusedWorker:
@@ -146,12 +181,22 @@ class RayWorkerGroup(WorkerGroup):
             for r, (a_r, kw_r) in enumerate(split)
         ]
 
+    def _inputs(self, protocol: Protocol, args: tuple, kwargs: dict) -> list[tuple]:
+        """Per rank, the parts of futures its call reads from the store (as `_split` hands them)."""
+        futures = [v for v in (*args, *kwargs.values()) if isinstance(v, Future)]
+        direct = protocol is Dispatch.DP_COMPUTE
+        return [tuple(p for f in futures for p in
+                      (f.rank_parts(r) if direct and f.world_size == self.world_size else
+                       f.rank_parts(0) if not direct and f.world_size == 1 else ()))
+                for r in range(self.world_size)]
+
     def _call(self, name: str, protocol: Protocol, args: tuple, kwargs: dict) -> Any:
+        inputs = self._inputs(protocol, args, kwargs)
         per_rank = self._split(protocol, args, kwargs)
         stage = self.cluster.stage
         refs = [h.call.remote(self.role, name, a, kw, stage) for h, (a, kw) in zip(self.handles, per_rank)]
-        parts = [Part(ref, self.role, rank, handle, call=name, timeout_s=self.cluster.worker_timeout_s)
-                 for rank, (ref, handle) in enumerate(zip(refs, self.handles))]
+        parts = [Part(ref, self.role, rank, handle, call=name, timeout_s=self.cluster.worker_timeout_s,
+                      deps=inputs[rank]) for rank, (ref, handle) in enumerate(zip(refs, self.handles))]
         if protocol is Dispatch.DP_COMPUTE:
             self.cluster.in_flight.extend(parts)
             return Future([[part] for part in parts], protocol.collect)
@@ -159,7 +204,7 @@ class RayWorkerGroup(WorkerGroup):
             self.cluster.in_flight.extend(parts)
             return Future([[parts[0]]], protocol.collect)
         # Control calls (initialise, save) complete before the controller goes on.
-        return protocol.collect([get_part(part) for part in parts])
+        return protocol.collect(get_parts(parts))
 
 
 class RayCluster:
@@ -170,12 +215,10 @@ class RayCluster:
         self.started = False
         self.worker_timeout_s = worker_timeout_s  # the watchdog: longest wait for one worker call
         if not ray.is_initialized():
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            if address:
+            if address:  # a cluster of several machines: its authentication is the cluster's (README)
                 _init_keeping_sigterm(ray, address=address, log_to_driver=True, include_dashboard=False)
             else:
-                _init_keeping_sigterm(ray, num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
-                                      configure_logging=False)
+                start_local_ray(num_cpus)
                 self.started = True
         self.placement_groups = []
         self.handles: list = []
@@ -200,9 +243,10 @@ class RayCluster:
             handle = actor_cls.options(scheduling_strategy=strategy, num_cpus=1,
                                        num_gpus=1 if use_gpu else 0).remote(rank, pool.world_size, env)
             if rank == 0:
-                # Rank 0's node hosts the pool's rendezvous; the others learn it at birth.
+                # Rank 0's node hosts the pool's rendezvous; the others learn it at birth. On the
+                # instance hflow started, the loopback address (`dist.host_loopback_store`).
                 addr, port = ray.get(handle.address.remote())
-                env = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+                env = {"MASTER_ADDR": LOOPBACK if self.started else addr, "MASTER_PORT": str(port)}
                 ray.get(handle.set_env.remote(env))
             handles.append(handle)
         self.handles.extend(handles)
@@ -213,16 +257,16 @@ class RayCluster:
                  **kwargs) -> RayWorkerGroup:
         refs = [h.add_role.remote(role, worker_cls, "cuda" if "cuda" in pool.devices[r] else "cpu", args, kwargs)
                 for r, h in enumerate(handles)]
-        for rank, ref in enumerate(refs):
-            get_result(ref, role, rank, "init (building the worker)", self.worker_timeout_s)
+        get_parts([Part(ref, role, rank, call="init (building the worker)", timeout_s=self.worker_timeout_s)
+                   for rank, ref in enumerate(refs)])
         return RayWorkerGroup(role, pool, worker_cls, handles, self)
 
     def stage_seconds(self) -> dict[str, float]:
         """Per stage, the longest time any worker process spent in it since the last call."""
         merged: dict[str, float] = {}
         refs = [h.pop_stage_seconds.remote() for h in self.handles]
-        for seconds in (get_result(ref, "worker process", i, "pop_stage_seconds", self.worker_timeout_s)
-                        for i, ref in enumerate(refs)):
+        for seconds in get_parts([Part(ref, "worker process", i, call="pop_stage_seconds",
+                                       timeout_s=self.worker_timeout_s) for i, ref in enumerate(refs)]):
             for stage, value in seconds.items():
                 merged[stage] = max(merged.get(stage, 0.0), value)
         return merged
@@ -230,7 +274,7 @@ class RayCluster:
     def settle(self) -> None:
         """Wait for every call in flight; a worker's failure surfaces here as a WorkerError."""
         in_flight, self.in_flight = self.in_flight, []
-        first_failure([lambda p=part: get_part(p) for part in in_flight])
+        get_parts(in_flight)
 
     def shutdown(self) -> None:
         """Stop this run's workers and free their slots; stop Ray too if this run started it."""
@@ -245,4 +289,4 @@ class RayCluster:
             remove_placement_group(pg)
         self.handles, self.placement_groups = [], []
         if self.started:
-            ray.shutdown()
+            stop_local_ray()

@@ -4,7 +4,8 @@ A call returns a `Future`: per rank, the object refs of the pieces whose union i
 share (`Part`). Passed to another group's call, each of its ranks fetches its own piece from
 the store; the controller pulls data only when it reads a column (`future["scores"]`, read
 where the piece lives) or the whole value (`future.get()`). A worker that raised, died or gave
-no answer within the watchdog's time becomes a `WorkerError` naming its role, rank and call.
+no answer within the watchdog's time becomes a `WorkerError` naming its role, rank and call
+(`ray_watchdog.py`).
 A streamed step's chunks stay chunks there (`ChunkedFuture`): a call over them answers with
 pieces covering every chunk, and each chunk keeps its rows of those pieces (`Cut`), so the
 rows never come to the controller to be joined.
@@ -12,7 +13,6 @@ rows never come to the controller to be joined.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,31 +22,8 @@ import torch
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch
+from hflow.engine.groups.ray_watchdog import get_parts, ray_module
 from hflow.engine.groups.rows import join_rows, widths
-from hflow.engine.groups.worker import WorkerError
-from hflow.errors import UserError
-
-
-def ray_module():
-    # Ray's C++ failure-signal handler (absl; in the driver, and in the workers of a Ray instance
-    # started from here, which inherit the variable) catches SIGTERM as well as crashes and
-    # prints a C stack dump on screen. Ray's switch for it is this variable, read when ray is
-    # first imported. Python's faulthandler, which Ray enables, still reports crashes, and a
-    # SIGTERM reaches Python's handler: the controller stops cleanly.
-    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    import ray
-
-    return ray
-
-
-class InputFailed(Exception):
-    """Raised in a worker whose call could not read an input another call was to produce (that
-    call raised, or its process died): the fault is upstream, not in this worker."""
-
-
-class UpstreamFailed(WorkerError):
-    """A call that failed only because one of its inputs did (`InputFailed`). Readers look on
-    for the call that failed first and name that one (`first_failure`)."""
 
 
 class RefParts:
@@ -117,6 +94,7 @@ class Part:
     call: str = ""  # the worker method that produces it, for the watchdog's line
     timeout_s: float | None = None  # how long the controller waits for it (the watchdog)
     cut: Cut | None = None  # only these rows of the piece are this part (`ChunkedFuture.__or__`)
+    deps: tuple = ()  # the parts its call read (`ray_watchdog`: whom a stall or failure is blamed on)
 
 
 def _controller_parts(batch: Batch, world: int) -> list[Part]:
@@ -149,12 +127,17 @@ class Future:
     def rank_refs(self, rank: int) -> RefParts:
         return RefParts([part.ref for part in self.parts[rank]], [part.cut for part in self.parts[rank]])
 
+    def rank_parts(self, rank: int) -> list[Part]:
+        """The parts a call on rank `rank` reads when handed this future (`rank_refs`)."""
+        return self.parts[rank]
+
     def get(self) -> Any:
         if self._value is None:
-            per_rank = [first_failure([lambda p=p: p.local if p.local is not None else get_part(p)
-                                       for p in rank_parts]) for rank_parts in self.parts]
-            per_rank = [[cut(v, p.cut) for v, p in zip(values, rank_parts)]
-                        for values, rank_parts in zip(per_rank, self.parts)]
+            flat = get_parts([p for rank_parts in self.parts for p in rank_parts])
+            per_rank, start = [], 0
+            for rank_parts in self.parts:
+                values, start = flat[start:start + len(rank_parts)], start + len(rank_parts)
+                per_rank.append([cut(v, p.cut) for v, p in zip(values, rank_parts)])
             if isinstance(per_rank[0][0], Batch):
                 self._value = Batch.concat(union_all(p) for p in per_rank)
             else:
@@ -168,19 +151,17 @@ class Future:
             return self._value.select(*keys)
         missing = [k for k in keys if k not in self._columns]
         if missing:
-            per_rank = []
+            local, reads = [], []  # per rank: the controller's own pieces; reads where the rest live
             for rank_parts in self.parts:
-                pieces = [cut(p.local, p.cut).select(*missing) for p in rank_parts if p.local is not None]
+                local.append([cut(p.local, p.cut).select(*missing) for p in rank_parts if p.local is not None])
                 by_handle: dict[int, list[Part]] = {}
                 for p in rank_parts:
                     if p.local is None:
                         by_handle.setdefault(id(p.handle), []).append(p)
-                reads = [(group, group[0].handle.read.remote([p.ref for p in group], missing,
-                                                             [p.cut for p in group]))
-                         for group in by_handle.values()]
-                pieces += first_failure([lambda g=group, r=ref: _read(g, r) for group, ref in reads])
-                per_rank.append(union_all(pieces))
-            fetched = Batch.concat(per_rank)
+                reads.append([_read(group, missing) for group in by_handle.values()])
+            values = iter(get_parts([read for rank_reads in reads for read in rank_reads]))
+            fetched = Batch.concat(union_all(own + [next(values) for _ in rank_reads])
+                                   for own, rank_reads in zip(local, reads))
             for key in fetched.keys():
                 self._columns[key] = fetched[key]
         found = {k: self._columns[k] for k in keys if k in self._columns}
@@ -243,6 +224,9 @@ class ChunkedFuture(Future):
     def rank_refs(self, rank: int) -> RowBlocks:
         return RowBlocks([c.rank_refs(rank) for c in self.chunks], self.pad_token_id)
 
+    def rank_parts(self, rank: int) -> list[Part]:
+        return [p for c in self.chunks for p in c.rank_parts(rank)]
+
     def get(self) -> Batch:
         if self._value is None:
             self._value = join_rows([c.get() for c in self.chunks], self.pad_token_id)
@@ -299,57 +283,14 @@ class ChunkedFuture(Future):
         raise TypeError("join a Batch onto a ChunkedFuture from its right: chunked | batch")
 
 
-def _read(group: list[Part], ref) -> Batch:
+def _read(group: list[Part], keys: list[str]) -> Part:
+    """The columns `keys` of these pieces, read by the worker that holds them: a part of its own,
+    which depends on them (a failed or stalled piece is named, not the read)."""
     first = group[0]
-    try:
-        return get_result(ref, first.role, first.rank, f"{first.call} (reading its result)", first.timeout_s)
-    except WorkerError:
-        for part in group:  # name the piece that failed, not the first of the group
-            get_part(part)
-        raise
-
-
-def first_failure(reads: list) -> list:
-    """Every read's value, in order; if any fail, the first failure that is not only an upstream
-    one (`UpstreamFailed`) is raised, so that the line names the worker at fault."""
-    values, upstream = [], None
-    for read in reads:
-        try:
-            values.append(read())
-        except UpstreamFailed as err:
-            upstream = upstream or err
-    if upstream is not None:
-        raise upstream
-    return values
-
-
-def get_part(part: Part):
-    return get_result(part.ref, part.role, part.rank, part.call, part.timeout_s)
+    ref = first.handle.read.remote([p.ref for p in group], keys, [p.cut for p in group])
+    return Part(ref, first.role, first.rank, first.handle, call=f"{first.call} (reading its result)",
+                timeout_s=first.timeout_s, deps=tuple(group))
 
 
 def _as_future(batch: Batch, world: int) -> Future:
     return Future([[part] for part in _controller_parts(batch, world)], Dispatch.DP_COMPUTE.collect)
-
-
-def get_result(ref, role: str, rank: int, call: str = "", timeout_s: float | None = None):
-    """The value of one worker call. A worker that raised, died, or (the watchdog) gave no answer
-    within `timeout_s` becomes a WorkerError naming its role, rank and call."""
-    ray = ray_module()
-    died = "its process died (killed, crashed or out of memory)"
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        raise WorkerError(role, rank, f"no answer to {call or 'a call'} within {timeout_s:g} s "
-                          "(trainer.worker_timeout_s): the process is stalled or the call hangs") from None
-    except ray.exceptions.RayTaskError as err:
-        cause = err.cause if getattr(err, "cause", None) is not None else err
-        if isinstance(cause, ray.exceptions.RayActorError):
-            raise WorkerError(role, rank, died) from None
-        if isinstance(cause, UserError):  # the user's mistake, found in a worker: the same line as on local
-            raise UserError(str(cause)) from None
-        if isinstance(cause, InputFailed):
-            raise UpstreamFailed(role, rank, f"an input of {call or 'a call'} failed ({cause})") from None
-        first_line = (str(cause).strip().splitlines() or [""])[0]
-        raise WorkerError(role, rank, f"{type(cause).__name__}: {first_line}") from None
-    except ray.exceptions.RayActorError:
-        raise WorkerError(role, rank, died) from None

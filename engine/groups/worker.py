@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hflow.engine.groups.dispatch import Protocol, protocol_of
+from hflow.engine import work_meter
+from hflow.engine.groups.dispatch import Dispatch, Protocol, protocol_of, register
 from hflow.errors import RunFailed
 
 
@@ -27,6 +28,14 @@ class Worker:
     def __init__(self, rank: int = 0, world_size: int = 1):
         self.rank = rank
         self.world_size = world_size
+
+    @register(Dispatch.ONE_TO_ALL)
+    def take_work(self) -> dict[str, dict[str, dict[str, int]]]:
+        """What this process's models computed since the last call, per phase and model
+        (`work_meter.take`), and start again from zero. The counts are the process's: colocated
+        roles share it, so the first role asked gets them all and the others nothing, and the
+        controller sums every group's ranks (`trainer/control/work_account.py`)."""
+        return work_meter.take()
 
 
 @dataclass

@@ -18,9 +18,11 @@ parser where it has one (a `response_template`: transformers' `parse_response`),
 Hermes/Qwen format `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (what Qwen2.5's,
 Hermes' and many other templates ask the model to write); an environment with yet another
 format overrides `ToolEnv.parse_calls`. A tool that raises, runs past its timeout, or returns more than
-`max_output_chars` characters gives an error or a truncated observation, never a failed run.
+`max_output_chars` characters gives an error or a truncated observation, never a failed run; a
+tool that raises `hflow.errors.UserError` (the set-up is wrong: no sandbox to run code in, its
+server gone) stops the run with that one line instead, since the model is not at fault.
 A timed-out tool's thread cannot be stopped (Python has no way to kill a thread): it is left
-running as a daemon; use `code_tool.run_python` (a subprocess) for code that may not end.
+running as a daemon; use `code_tool.run_python` (a sandbox) for code that may not end.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import threading
 import typing
 from dataclasses import dataclass
 from typing import Callable
+
+from hflow.errors import UserError
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -150,6 +154,8 @@ class ToolRunner:
         def target():
             try:
                 box["value"] = fn(**call.arguments)
+            except UserError as err:  # the machine or the set-up, not the model's call: the run stops
+                box["stop"] = err
             except BaseException as err:  # the tool's failure is the model's observation
                 box["error"] = f"{type(err).__name__}: {err}"
 
@@ -158,6 +164,8 @@ class ToolRunner:
         thread.join(self.timeout_s)
         if thread.is_alive():
             return f"error: tool {call.name!r} timed out after {self.timeout_s:g} s"
+        if "stop" in box:
+            raise box["stop"]
         if "error" in box:
             return truncate(f"error: tool {call.name!r} raised {box['error']}", self.max_output_chars)
         value = box.get("value")

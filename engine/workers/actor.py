@@ -20,12 +20,14 @@ from pathlib import Path
 import torch
 
 from hflow.engine import columns as col
+from hflow.engine import work_meter
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group, peak_memory_bytes
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import eos_token_ids, load_causal_lm, load_tokenizer, resolve_dtype
 from hflow.engine.models.lora import adapters_off, apply_lora, is_lora, merged_state, save_merged
+from hflow.engine.rollout import code_tool
 from hflow.engine.rollout.environment import EpisodeLimits, load_env_class
 from hflow.engine.rollout.episodes import EpisodeRunner
 from hflow.engine.rollout.gathered_generator import GatheredGenerator
@@ -75,6 +77,7 @@ class ActorWorker(Worker):
         self.tokenizer = tokenizer = load_tokenizer(m.path, m.trust_remote_code)
         eos = eos_token_ids(model, tokenizer)
         model = self._with_adapters(model)
+        work_meter.attach(model, "actor")  # what its passes compute, per phase (`work_meter.py`)
         self.generation_dtype = dtype
         rollout_engine = None
         if s.rollout.engine == "vllm":
@@ -111,6 +114,8 @@ class ActorWorker(Worker):
         r = self.spec.rollout
         if not r.env:
             return None
+        # Where the environment's model-written code runs (`code_tool.py`): the recipe's `tools` section.
+        code_tool.configure(code_tool.SandboxSettings(r.sandbox, r.sandbox_url))
         limits = EpisodeLimits(r.max_turns, r.max_response_length, r.episode_timeout_s, r.turn_discount,
                                r.max_turn_tokens, r.max_prompt_length)
         return EpisodeRunner(self.generator, self.tokenizer, load_env_class(r.env), r.env, limits)

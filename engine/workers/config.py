@@ -87,6 +87,8 @@ class RolloutSpec:
     episode_timeout_s: float = 600.0
     turn_discount: float = 1.0
     max_turn_tokens: Optional[int] = None
+    sandbox: str = "bwrap"  # where model-written code runs: bwrap, http or none (`engine/rollout/code_tool.py`)
+    sandbox_url: Optional[str] = None  # the SandboxFusion server's, for http
 
 
 @dataclass(frozen=True)
@@ -144,3 +146,4 @@ class ScorerSpec:
     function: Optional[str]
     micro_batch_size: int
     zero_stage: int = 0  # the actor's; at 3 a scoring model is partitioned over its ranks too
+    timeout_s: Optional[float] = None  # the function's watchdog (local backend: trainer.worker_timeout_s)

@@ -3,7 +3,9 @@
 A reward function is user code: whatever it raises, and any return that is not one real number
 per response, is the user's to fix, so it ends the run with one line (a UserError) naming the
 recipe key and the function, on the local and the ray backend alike. NaN and inf are numbers
-here; the controller decides what a non-finite score does (`trainer.on_nonfinite`).
+here; the controller decides what a non-finite score does (`trainer.on_nonfinite`). One that
+hangs is stopped by a watchdog (`watched_call.py`: on the local backend; on the ray backend the
+controller's watches the whole call).
 """
 
 from __future__ import annotations
@@ -14,15 +16,19 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hflow.errors import UserError, first_line
+from hflow.engine.watched_call import watched
+from hflow.errors import RunFailed, UserError, first_line
 
 
 def call_scorer(fn: Callable[..., Any], what: str, prompts: list, responses: list[str],
-                columns: dict[str, list]) -> torch.Tensor:
+                columns: dict[str, list], timeout_s: float | None = None) -> torch.Tensor:
     """`fn(prompts, responses, **columns)` as a float32 tensor (N,). `what` names the function
-    in errors, e.g. "reward.function 'mod:fn'"."""
+    in errors, e.g. "reward.function 'mod:fn'"; with `timeout_s`, a call that has not returned by
+    then stops the run (`watched`)."""
     try:
-        scores = fn(prompts, responses, **columns)
+        scores = watched(lambda: fn(prompts, responses, **columns), what, timeout_s)
+    except RunFailed:  # the watchdog's: it hangs
+        raise
     except Exception as err:  # the user's code: its traceback stays on the UserError's __cause__
         raise UserError(f"{what} raised {type(err).__name__}: {first_line(err)}") from err
     return checked_scores(scores, len(responses), what)

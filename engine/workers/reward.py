@@ -16,6 +16,7 @@ import time
 import torch
 
 from hflow.engine import columns as col
+from hflow.engine import work_meter
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group
@@ -58,6 +59,7 @@ class RewardWorker(Worker):
             if not is_partitioned(model):
                 model.to(self.device)
             model.eval().requires_grad_(False)
+            work_meter.attach(model, s.section)  # what its passes compute (`work_meter.py`)
             self.model = frozen_engine(model, s.zero_stage, dtype)
             own = load_tokenizer(s.model.path, s.model.trust_remote_code)
             self.model_tokenizer = None if own.get_vocab() == self.tokenizer.get_vocab() else own
@@ -72,7 +74,7 @@ class RewardWorker(Worker):
         if self.model is None:
             columns = {k: v for k, v in batch.columns.items() if k not in _INTERNAL}
             what = f"{self.spec.section}.function {self.spec.function!r}"
-            return call_scorer(self.fn, what, batch[col.PROMPT], texts, columns)
+            return call_scorer(self.fn, what, batch[col.PROMPT], texts, columns, self.spec.timeout_s)
         inputs = self._model_inputs(batch, texts)
         micros = inputs.split(self.spec.micro_batch_size)
         forwards = len(micros)

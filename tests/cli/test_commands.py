@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
@@ -61,6 +62,22 @@ def test_piped_runs_keep_every_column_at_80_columns(tmp_path, run_factory):
     cells = [c.strip() for c in row.split("│")[1:-1]]
     assert cells[:6] == ["grpo-quickstart-20261123-140000-with-a-long-name", "grpo", "tiny-llama", "10/10", "1",
                          "finished"]
+
+
+def test_runs_prints_a_runs_markup_and_escape_codes_as_text(tmp_path, cli, run_factory):
+    """status.json is any text its writer chose (a run directory may come from someone else): Rich
+    markup is shown, not applied; terminal escapes and bidirectional overrides never reach the terminal."""
+    run = run_factory(name="shared", status="finished", steps=10, total_steps=10)
+    status = json.loads((run / "status.json").read_text())
+    status.update(algorithm="[bold red]grpo[/]", model="\x1b]0;owned\x07tiny\x1b[2J\u202e", status="finished\x1b[8m")
+    (run / "status.json").write_text(json.dumps(status))
+    result = cli("runs", str(tmp_path / "runs"))
+    assert result.exit_code == 0, result.output
+    assert not any(ch in result.stdout for ch in "\x1b\x07\u202e")
+    row = next(ln for ln in result.stdout.splitlines() if "shared" in ln)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[1:3] == ["[bold red]grpo[/]", "]0;ownedtiny[2J"]
+    assert cells[5] == "finished[8m"
 
 
 def test_runs_on_run_without_events_shows_dash(tmp_path, cli, run_factory):

@@ -65,3 +65,26 @@ def test_a_nan_reward_stops_the_run_by_default(tmp_path, tiny_model):
     _failed_after_step_1(result, run, status, line)
     assert [e["step"] for e in read_events(run)] == [1]
     assert not (run / "checkpoints" / "step_000002").exists()
+
+
+@pytest.mark.slow  # two steps through the CLI
+def test_a_hung_reward_function_on_the_local_backend_stops_at_the_watchdog(tmp_path, tiny_model):
+    """trainer.worker_timeout_s watches the reward function on the local backend too: the run
+    stops in one line naming the function and the timeout (exit 1, as the ray backend's watchdog),
+    instead of hanging until someone stops it."""
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model, reward={"function": "faulty_rewards:hangs_at_second_call"},
+                          rollout={"n": 2, "max_response_length": 4},
+                          actor={"micro_batch_size": 4, "mini_batch_size": 4},
+                          placement={"backend": "local"},
+                          trainer={"total_steps": 3, "save_every": 1, "prompts_per_step": 2, "worker_timeout_s": 5})
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    result = run_hflow("train", str(recipe), env=env, timeout=240)  # a hang: TimeoutExpired
+    line = ("reward.function 'faulty_rewards:hangs_at_second_call' gave no answer within 5 s "
+            "(trainer.worker_timeout_s): it hangs (a service it waits for, a loop that does not end); the run stopped")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    run = next((tmp_path / "runs").glob("test-*"))
+    assert result.stderr.strip().splitlines()[-1] == f"error: {line} (run directory: {run})"
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "failed" and status["step"] == 1 and status["error"] == line
+    assert (run / "checkpoints" / "step_000001" / "COMPLETE").exists()

@@ -17,8 +17,7 @@ from helpers import RUN_VARYING, finished_run, read_events, run_hflow, train_run
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
-RAY_ENV = {"RAY_AUTH_MODE": "disabled",  # workers import the test reward functions from tests/
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+RAY_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
 SPLIT = ["--set", "placement.backend=ray", "--set", "placement.mode=split", "--set", "cluster.cpu_slots=2"]
 NOT_COMPARED = (*RUN_VARYING, "async/")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RUN_VARYING, assert_one_line_error, read_events, run_hflow
+from helpers import RUN_VARYING, assert_one_line_error, crashed, read_events, run_hflow
 
 QUICK = ["--set", "trainer.total_steps=4", "--set", "trainer.save_every=2", "--set", "logging.progress=lines"]
 EVAL = ["--set", "data.eval=synthetic:digits", "--set", "data.eval_size=8", "--set", "trainer.eval_every=3",
@@ -52,6 +52,7 @@ def test_resume_with_eval_is_exact(tmp_path, tiny_model):
     whole = read_events(run)
     shutil.rmtree(run / "checkpoints" / "step_000004")  # crashed after step 3, last checkpoint: step 2
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in whole if e["step"] <= 3))
+    crashed(run, 3)
     resumed = run_hflow("train", "--resume", str(run))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = read_events(run)

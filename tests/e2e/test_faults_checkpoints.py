@@ -1,18 +1,21 @@
 """Faults around checkpoints: a damaged newest checkpoint, or an events line a crash cut short,
 still resumes (from the checkpoint before it, re-doing the steps after it, metrics equal to the
-uninterrupted run's); a full disk while checkpointing is one line and leaves the earlier ones."""
+uninterrupted run's); a full disk while checkpointing or between checkpoints, or a run directory
+deleted mid-run, is one line, leaves the earlier checkpoints and marks the run failed where it can."""
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import read_events, run_hflow, write_recipe
+from helpers import crashed, read_events, run_hflow, write_recipe
 from hflow.trainer.rundir.checkpoints import verify
 
 COMPARED = ["reward/mean", "kl/mean", "entropy/mean", "response_length/mean", "actor/loss",
@@ -61,6 +64,7 @@ def assert_resumed_like_uninterrupted(run: Path, reference: list[dict], from_ste
 def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(finished, tmp_path, damaged):
     run = copy_of(finished, tmp_path)
     cut_in_half(run / "checkpoints" / "step_000006" / damaged)
+    crashed(run, 6)  # the machine went down after step 6's checkpoint, before the export
     resumed = run_hflow("train", "--resume", str(run))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     skipped = [line for line in resumed.stderr.splitlines() if "skipped" in line]
@@ -81,6 +85,7 @@ def test_an_events_line_cut_short_by_a_crash_is_dropped_on_resume(finished, tmp_
     (run / "events.jsonl").write_text("\n".join(lines[:5]) + "\n" + lines[5][:40])
     samples = (run / "samples.jsonl").read_text()
     (run / "samples.jsonl").write_text(samples[:len(samples) - 30])
+    crashed(run, 5)
     resumed = run_hflow("train", "--resume", str(run))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_resumed_like_uninterrupted(run, finished[1], from_step=4)
@@ -116,3 +121,87 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_earlier_check
     assert status["status"] == "failed" and status["error"] == errors[0].removeprefix("error: ")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002"]  # no staging left
     assert verify(run / "checkpoints" / "step_000002") is None
+
+
+def fill_the_disk(monkeypatch, full) -> None:
+    """While `full()` is true, the run directory's files behave as on a full disk: a write that needs
+    a new block fails with ENOSPC, one within the 4 KiB blocks a file holds already succeeds."""
+    from hflow.trainer.rundir import files
+
+    real_write_all = files.write_all
+
+    def write_all(fd, data):
+        if full():
+            size = os.fstat(fd).st_size
+            at = size if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND else os.lseek(fd, 0, os.SEEK_CUR)
+            if at + len(data) > -(-size // 4096) * 4096:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_write_all(fd, data)
+
+    monkeypatch.setattr(files, "write_all", write_all)
+
+
+def train_in_process(monkeypatch, *args) -> int:
+    from hflow.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["hflow", "train", *args])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    return exited.value.code
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_between_checkpoints_is_one_line_and_the_run_resumes(
+        tmp_path, tiny_model, monkeypatch, capsys):
+    from hflow.trainer.rundir.writer import RunDir
+
+    committed = []
+    real_commit = RunDir.commit_checkpoint
+
+    def commit(self, tmp, step, state):  # the disk fills up right after step 2's checkpoint
+        final = real_commit(self, tmp, step, state)
+        committed.append(step)
+        return final
+
+    monkeypatch.setattr(RunDir, "commit_checkpoint", commit)
+    fill_the_disk(monkeypatch, lambda: bool(committed))
+    assert train_in_process(monkeypatch, str(recipe_for(tmp_path, tiny_model, 4))) == 1
+    err = capsys.readouterr().err
+    (run,) = (tmp_path / "runs").iterdir()
+    assert "Traceback" not in err and "Logging error" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: cannot write status.json in {run}: No space left on device; "
+                      "the last complete checkpoint is step_000002"]
+    status = json.loads((run / "status.json").read_text())  # written in the blocks status.json had
+    assert status["status"] == "failed" and status["error"] == errors[0].removeprefix("error: ")
+    assert [e["step"] for e in read_events(run)] == [1, 2]
+    assert verify(run / "checkpoints" / "step_000002") is None
+
+    monkeypatch.undo()  # room again: the run goes on from its checkpoint
+    resumed = run_hflow("train", "--resume", str(run))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [e["step"] for e in read_events(run)] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_run_directory_deleted_mid_run_is_one_line_and_stays_deleted(tmp_path, tiny_model, monkeypatch, capsys):
+    from hflow.trainer.rundir.writer import RunDir
+
+    real_append = RunDir.append_event
+    deleted = []
+
+    def append_event(self, event):
+        if event["step"] == 2:
+            shutil.rmtree(self.path)
+            deleted.append(self.path)
+        real_append(self, event)
+
+    monkeypatch.setattr(RunDir, "append_event", append_event)
+    assert train_in_process(monkeypatch, str(recipe_for(tmp_path, tiny_model, 4))) == 1
+    err = capsys.readouterr().err
+    (run,) = deleted
+    assert "Traceback" not in err and "Logging error" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: cannot write events.jsonl: the run directory {run} is gone (moved or deleted during "
+                      "the run)"]
+    assert not run.exists()  # nothing of it written again

@@ -126,8 +126,7 @@ def test_kill_9_on_the_ray_backend_leaves_no_ray_process_and_resumes(tmp_path, t
         proc.kill()
         proc.communicate()
     done = json.loads((run / "status.json").read_text())["step"]
-    resumed = run_hflow("train", "--resume", str(run), "--set", f"trainer.total_steps={done + 2}",
-                        env={"RAY_AUTH_MODE": "disabled"})
+    resumed = run_hflow("train", "--resume", str(run), "--set", f"trainer.total_steps={done + 2}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [e["step"] for e in read_events(run)] == list(range(1, done + 3))
     _gone(family, within_s=120)
@@ -139,7 +138,7 @@ def _start_on_ray(tmp_path: Path, tiny_model: Path) -> subprocess.Popen:
     recipe = write_recipe(tmp_path / "r.yaml", tiny_model, cluster={"cpu_slots": 2},
                           placement={"backend": "ray", "mode": "split"},
                           trainer={"total_steps": 1000, "save_every": 1, "output_dir": str(tmp_path / "runs")})
-    return _start(recipe, env={"RAY_AUTH_MODE": "disabled"})
+    return _start(recipe)
 
 
 def _family(proc: subprocess.Popen) -> list:

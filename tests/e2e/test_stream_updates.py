@@ -30,7 +30,6 @@ def _same(want: list[dict], got: list[dict]) -> None:
 
 def test_without_recomputed_old_log_probs_a_streamed_step_trains_as_the_unstreamed_one(tmp_path, tiny_model):
     pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # 8 prompts x 4 = 32 rows a step in 4 chunks of 8; mini-batches of 16 rows: 2 per step.
     same = dict(rollout={"max_response_length": 16, "stream_prompts": 2},
                 actor={"micro_batch_size": 16, "mini_batch_size": 16, "recompute_old_log_probs": False})

@@ -45,7 +45,6 @@ def test_a_streamed_step_scores_chunks_while_generating_and_learns(tmp_path, tin
 
 def test_streaming_on_ray_split_pools_and_async_at_staleness_0_train_on_the_same_rows(tmp_path, tiny_model):
     pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Responses long enough that a chunk's generation outlasts a Ray round trip (~10 ms here).
     local = _streamed(tmp_path, tiny_model, "local", 3, 32)
     ray_split = _streamed(tmp_path, tiny_model, "ray", 3, 32, placement={"backend": "ray", "mode": "split"},
@@ -74,7 +73,6 @@ def test_on_two_actor_ranks_a_streamed_step_keeps_each_row_s_old_log_probs(tmp_p
     # is 0 when each row gets its own. Joining the actor's per-rank results onto the chunks on the
     # controller once gave rows in chunk order the results in rank order (kl/mean 0.02 here).
     pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     events = _streamed(tmp_path, tiny_model, "dp2", 1, 16, placement={"backend": "ray", "mode": "colocate"},
                        cluster={"cpu_slots": 2}, grpo={"kl_coef": 0.001})
     assert events[0]["stream/chunks"] == 4 and abs(events[0]["kl/mean"]) < 1e-6, events[0]["kl/mean"]

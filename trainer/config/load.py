@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import PydanticBaseSettingsSource
 
 from hflow.errors import UserError
-from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.config.recipe import Recipe, run_name_problem
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -115,16 +115,51 @@ def load_recipe(spec: str, overrides: Iterable[str] = ()) -> tuple[Recipe, Path]
     data = read_yaml(path)
     recipe = build_recipe(data, parse_overrides(overrides), str(path))
     if recipe.name is None:
+        problem = run_name_problem(path.stem)
+        if problem:
+            raise UserError(f"{path}: the run is named after the file, {path.stem!r}, but {problem}; set `name:` "
+                            "in the recipe")
         recipe.name = path.stem
     return recipe, path
 
 
+# The recipe keys that may name a local file or folder. A run directory keeps them absolute, so that
+# `--resume` from another folder reads the same files, not whatever sits at the relative path there.
+PATH_KEYS = ("model.path", "reference.path", "critic.path", "reward.model", "cost.model", "cost.critic_path",
+             "data.train", "data.eval", "ppo.ptx_data", "trainer.output_dir")
+
+
+def absolute_paths(recipe: Recipe, base: Path | None = None) -> Recipe:
+    """A copy of `recipe` with each of PATH_KEYS that names something under `base` (default: the
+    current folder) made absolute: what exists there, the output folder, and `model.path` that
+    `model.init` builds. A hub id (nothing at that path here), a `synthetic:` task and an absolute
+    path stay as they are. Links are kept, not resolved (os.path.abspath)."""
+    base = Path.cwd() if base is None else base
+    resolved = recipe.model_copy(deep=True)
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        part = getattr(resolved, section)
+        value = getattr(part, name)
+        if not value or value.startswith("synthetic:") or Path(value).is_absolute():
+            continue
+        local = base / value
+        if local.exists() or key == "trainer.output_dir" or (key == "model.path" and recipe.model.init):
+            setattr(part, name, os.path.abspath(local))
+    return resolved
+
+
 def check_runtime(recipe: Recipe, origin: str, roles: list[str] | None = None) -> None:
-    """What the schema cannot see: whether this machine can run the recipe's generation engine, and
-    whether a GPU recipe's models fit its GPUs' memory as hflow runs them (`control/memory_check.py`;
-    `roles`: those the command starts, default a training run's). `hflow validate` and the start of
-    `hflow train` (and of `eval` and `bench`) call it; `origin` names the file in errors."""
+    """What the schema cannot see: whether this machine can run the recipe's generation engine,
+    whether a training step fits the model's context and this machine's memory (`step_memory.py`;
+    when `roles` is None, a training run's), and whether a GPU recipe's models fit its GPUs' memory
+    as hflow runs them (`control/memory_check.py`; `roles`: those the command starts). `hflow
+    validate` and the start of `hflow train` (and of `eval` and `bench`) call it; `origin` names
+    the file in errors."""
     _check_engine(recipe, origin)
+    if roles is None:
+        from hflow.trainer.config.step_memory import check_step
+
+        check_step(recipe, origin)
     from hflow.trainer.control.memory_check import check_memory
 
     check_memory(recipe, origin, roles)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hflow.engine.workers.config import KLSettings
@@ -47,6 +47,7 @@ from hflow.trainer.config.sections import (  # noqa: F401  (re-exported, as abov
     TrainerConfig,
     WandbConfig,
 )
+from hflow.trainer.config.tools_section import ToolsConfig
 
 # Where each role's model comes from: the first of these keys that is set. The reference falls
 # back to the actor; the critic to the reward model, then the actor (as safe-rlhf and OpenRLHF
@@ -75,6 +76,18 @@ ASYNC_UNSUPPORTED = {
 }
 
 
+def run_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a run directory, or None: it must be one path component, so that the
+    run directory lands inside `trainer.output_dir` (`../../x` or `/tmp/x` would not)."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name:
+        return "a run name is one folder name (no '/', '\\', '.' or '..'), e.g. ppo-qwen2.5-7b"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        return "a run name may not hold control characters"
+    if len(name.encode()) > 200:
+        return "a run name is at most 200 bytes (the run directory adds a date to it)"
+    return None
+
+
 class Recipe(BaseSettings):
     """A whole training recipe. See recipes/ for commented examples."""
 
@@ -87,7 +100,8 @@ class Recipe(BaseSettings):
     )
 
     name: Optional[str] = Field(
-        None, description="Run name prefix; default: the recipe file's name."
+        None, description="Run name prefix (one folder name: the run directory is `trainer.output_dir`/"
+        "NAME-DATE); default: the recipe file's name."
     )
     algorithm: Literal["grpo", "ppo", "remax", "safe_rlhf", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo",
                        "gspo"] = Field("grpo", description="The RL algorithm (README, 'Algorithms').")
@@ -101,6 +115,7 @@ class Recipe(BaseSettings):
     cost: CostConfig = Field(default_factory=CostConfig, description="Cost model (Safe-RLHF).")
     data: DataConfig = Field(description="Where prompts come from.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
+    tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Where model-written code runs.")
     grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO's loss and advantage.")
     ppo: PPOConfig = Field(default_factory=PPOConfig, description="PPO's advantage, losses and KL (also Safe-RLHF's).")
     remax: ReMaxConfig = Field(default_factory=ReMaxConfig, description="ReMax's KL and clip.")
@@ -120,6 +135,14 @@ class Recipe(BaseSettings):
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Which roles share devices."
     )
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, value: Optional[str]) -> Optional[str]:
+        problem = value is not None and run_name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _check_batch_sizes(self) -> "Recipe":
@@ -184,6 +207,20 @@ class Recipe(BaseSettings):
         if not self.actor.recompute_old_log_probs:
             raise ValueError("rollout.engine vllm needs actor.recompute_old_log_probs: true (vLLM reports no "
                              "per-token entropy, and its log-probs come from different kernels than training's)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_sandbox(self) -> "Recipe":
+        """`tools.sandbox: http` and `tools.sandbox_url` go together."""
+        kind, url = self.tools.sandbox, self.tools.sandbox_url
+        if kind == "http" and not url:
+            raise ValueError("tools.sandbox http sends model-written code to a SandboxFusion server: set "
+                             "tools.sandbox_url (e.g. http://sandbox:8080)")
+        if url and kind != "http":
+            raise ValueError(f"tools.sandbox_url {url!r} is used by tools.sandbox http only (it is {kind}); "
+                             "set tools.sandbox: http or drop the URL")
+        if url and not url.startswith(("http://", "https://")):
+            raise ValueError(f"tools.sandbox_url {url!r}: an http:// or https:// URL, e.g. http://sandbox:8080")
         return self
 
     @model_validator(mode="after")

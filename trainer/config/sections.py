@@ -357,11 +357,11 @@ class TrainerConfig(Section):
     )
     worker_timeout_s: float | None = Field(
         1800.0, gt=0,
-        description="The watchdog (ray backend): the longest the controller waits for one worker call (a "
-        "rollout, a scoring pass, an update, a save). A call with no answer by then ends the run with one "
-        "line naming the role, rank and call (exit 1, status failed, the last checkpoint intact). Raise it "
-        "for very large models; null: wait forever. The local backend runs its calls in the hflow process "
-        "itself (Ctrl+C stops them).",
+        description="The watchdog: on the ray backend the longest the controller waits for a worker call (a rollout, "
+        "a scoring pass, an update, a save) to answer; one with no answer ends the run in one line naming the role, "
+        "rank and call that stalled (exit 1, status failed, the last checkpoint intact). The local backend runs calls "
+        "in the hflow process and watches the reward and cost functions (user code): one running longer stops the run "
+        "the same way; null: wait forever. Raise it for very large models.",
     )
 
 

@@ -27,7 +27,7 @@ from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.episode_stats import episode_metrics
 from hflow.trainer.control.placement import build_worker_groups
-from hflow.trainer.data.prompts import encode_prompt, read_eval_rows
+from hflow.trainer.data.prompts import encode_rows, read_eval_rows
 
 CORRECT = 1.0  # a response counts as right when its reward reaches this
 
@@ -56,8 +56,7 @@ class Evaluator:
         self.recipe = recipe
         function = None if recipe.reward.model else recipe.reward.function
         rows = read_eval_rows(recipe.data, function, recipe.seed)
-        for row in rows:
-            row[col.PROMPT_IDS] = encode_prompt(tokenizer, row[col.PROMPT], recipe.data.max_prompt_length)
+        encode_rows(rows, tokenizer, recipe.data.max_prompt_length)
         self.rows = rows
 
     def sampling(self) -> dict:

@@ -2,19 +2,26 @@
 
 `hflow train` and `hflow validate` call `check_inputs`: every local model folder the roles
 load (`engine/models/folder.py`: config, tokenizer, weight headers), the LoRA target modules
-against the model's layers, and every row of the prompt files (`trainer/data/row_checks.py`). Each takes well under a second; nothing is
-loaded into a model or tokenizer.
+against the model's layers, the sandbox of an environment that runs model-written code
+(`tools.sandbox`), and every row of the prompt files (`trainer/data/row_checks.py`). Each
+takes well under a second; nothing is loaded into a model or tokenizer.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from hflow.engine.models.loading import check_model_source
 from hflow.engine.models.lora import check_folder_targets
+from hflow.engine.rollout import code_tool
+from hflow.engine.rollout.code_tool import UNSANDBOXED_WARNING, SandboxSettings, env_runs_code
 from hflow.engine.rollout.environment import load_env_class
+from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.data.prompts import read_eval_rows, read_rows
+
+log = logging.getLogger("hflow.sandbox")
 
 # Roles whose workers load their own folder's tokenizer (workers/actor.py, workers/reward.py);
 # the reference and the critics read the actor's token ids.
@@ -29,11 +36,25 @@ def check_inputs(recipe: Recipe) -> None:
         check_model_source(path, key, tokenizer=role in OWN_TOKENIZER)
         _check_lora_targets(recipe, role, path)
     if recipe.rollout.env:
-        load_env_class(recipe.rollout.env)  # a bad import path stops here, before any worker starts
+        env_cls = load_env_class(recipe.rollout.env)  # a bad import path stops here, before any worker starts
+        _check_code_sandbox(recipe, env_cls)
     read_rows(recipe.data, recipe.seed, scoring_functions(recipe))
     if recipe.data.eval:
         reward = scoring_functions(recipe).get("reward.function")
         read_eval_rows(recipe.data, reward, recipe.seed)
+
+
+def _check_code_sandbox(recipe: Recipe, env_cls: type) -> None:
+    """An environment that runs model-written code needs its sandbox (`tools.sandbox`): bwrap
+    installed and working here, checked now rather than at the first tool call; `none` is a warning."""
+    if not env_runs_code(env_cls):
+        return
+    settings = SandboxSettings(recipe.tools.sandbox, recipe.tools.sandbox_url)
+    if settings.kind == "none":
+        log.warning("warning: %s (rollout.env %r)", UNSANDBOXED_WARNING, recipe.rollout.env)
+    problem = code_tool.check(settings)
+    if problem:
+        raise UserError(problem)
 
 
 def _check_lora_targets(recipe: Recipe, role: str, path: str) -> None:

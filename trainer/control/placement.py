@@ -129,7 +129,7 @@ def build_worker_groups(recipe: Recipe, roles: list[str], device: torch.device,
             raise UserError(f"placement.backend local runs one colocated device; this placement has pools "
                             f"{sizes}: use placement.backend ray")
         pool = ResourcePool(next(iter(sizes)), ["cuda:0" if kind == "cuda" else "cpu"])
-        groups = {r: LocalWorkerGroup(r, pool, worker_class(r), worker_spec(recipe, r)) for r in roles}
+        groups = {r: LocalWorkerGroup(r, pool, worker_class(r), worker_spec(recipe, r, local=True)) for r in roles}
         return WorkerGroups("local", [pool], groups, mapper_plan=mapper_plan)
     return _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan)
 

@@ -30,6 +30,7 @@ from hflow.trainer.control.nonfinite import SKIPPED, check_update, finite, nonfi
 from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
 from hflow.trainer.control.stop import is_stop, stop_message
 from hflow.trainer.control.streaming import score_chunks
+from hflow.trainer.control.work_account import work_metrics
 from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.losses import kl_estimate, masked_mean
 from hflow.trainer.report.progress import Progress
@@ -40,7 +41,7 @@ from hflow.trainer.rundir.writer import RunDir
 log = logging.getLogger("hflow.session")
 # The columns a step's event and samples are computed from (fetched once per step).
 STEP_COLUMNS = (col.SCORES, col.COSTS, col.RESPONSE_MASK, col.ATTENTION_MASK, col.ENTROPY, col.OLD_LOG_PROBS,
-                col.REF_LOG_PROBS, col.PROMPT, col.RESPONSE_TEXT, col.EPISODE)
+                col.REF_LOG_PROBS, col.PROMPT, col.RESPONSE_TEXT, col.EPISODE, col.UID, col.INPUT_IDS)
 
 
 class Session:
@@ -236,6 +237,7 @@ class Session:
             # Stages on different pools overlap: report the time the workers spent in each.
             self.timings.update(self.groups.worker_stage_seconds())
         event.update({f"timing/{k}": v for k, v in self.timings.items()})
+        event.update(work_metrics(self.groups, self.recipe, view, self.timings))  # work/<phase>/*: needed, computed
         event.update(self.cpu_metrics)
         event["timing/step"] = elapsed
         event["throughput/tokens_per_s"] = float(view[col.ATTENTION_MASK].sum()) / elapsed
@@ -288,8 +290,8 @@ class Session:
             self.run.commit_checkpoint(tmp, step, state)
 
     def finish(self) -> None:
-        with self.stage("export"):
-            self.groups["actor"].export_weights(str(self.run.path / layout.FINAL))
+        with self.stage("export"), self.run.writing_final() as final:  # final/ appears whole or not at all
+            self.groups["actor"].export_weights(str(final))
         self.run.write_status("finished", self.recipe.trainer.total_steps)
         self._closed = True
         self.progress.close(self.run.events())
@@ -389,11 +391,9 @@ def samples(batch: Batch, step: int, count: int) -> list[dict[str, Any]]:
 
 def _number(value) -> float | None:
     """A score for samples.jsonl: None for NaN or inf, which JSON has no numbers for."""
-    value = float(value)
-    return value if math.isfinite(value) else None
+    return float(value) if math.isfinite(float(value)) else None
 
 
 def _open_wandb(recipe: Recipe, run: RunDir):
-    if not recipe.logging.wandb.enabled:
-        return None
-    return WandbLogger(recipe.logging.wandb.model_dump(), run.path, recipe.model_dump(mode="json"))
+    wandb = recipe.logging.wandb
+    return WandbLogger(wandb.model_dump(), run.path, recipe.model_dump(mode="json")) if wandb.enabled else None

@@ -7,6 +7,10 @@ already turns SIGINT into KeyboardInterrupt, so both unwind the same way: the se
 marks the run failed at its last step, the worker groups (and Ray) shut down, the last
 complete checkpoint stays as it is, and `hflow train` exits 128 + the signal's number
 (130, 143), the shell's convention for a process ended by a signal.
+
+The handler also records the signal (`check_stop`): a long loop (loading and tokenizing prompts)
+checks it at each item, so that it stops there even where the exception could not reach it (a
+thread other than the main one, a library that catches BaseException).
 """
 
 from __future__ import annotations
@@ -25,8 +29,19 @@ class Terminated(BaseException):
         self.signum = signum
 
 
+_received: list[int] = []  # stop signals received within `stop_signals()`, newest last
+
+
 def _raise_terminated(signum: int, frame) -> None:
+    _received.append(signum)
     raise Terminated(signum)
+
+
+def check_stop() -> None:
+    """Raise `Terminated` if a stop signal arrived within `stop_signals()`: the check of a loop
+    that may take long (it costs one list lookup)."""
+    if _received:
+        raise Terminated(_received[-1])
 
 
 @contextlib.contextmanager
@@ -34,10 +49,12 @@ def stop_signals() -> Iterator[None]:
     """Within the block, SIGTERM raises `Terminated`; the previous handler comes back after it.
     Call from the main thread (only it receives Python signal handlers)."""
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    _received.clear()
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _received.clear()
 
 
 def is_stop(err: BaseException) -> bool:

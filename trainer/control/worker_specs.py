@@ -63,7 +63,7 @@ def actor_spec(recipe: Recipe) -> ActorSpec:
         gpu_memory_utilization=r.gpu_memory_utilization, weight_bucket_mb=r.weight_bucket_mb,
         enforce_eager=r.enforce_eager, max_prompt_length=recipe.data.max_prompt_length,
         env=r.env, max_turns=r.max_turns, episode_timeout_s=r.episode_timeout_s, turn_discount=r.turn_discount,
-        max_turn_tokens=r.max_turn_tokens,
+        max_turn_tokens=r.max_turn_tokens, sandbox=recipe.tools.sandbox, sandbox_url=recipe.tools.sandbox_url,
     )
     return ActorSpec(
         model=model_spec(recipe, recipe.model.path), optim=_trained(recipe, "actor"), rollout=rollout,
@@ -86,24 +86,27 @@ def reference_spec(recipe: Recipe) -> ReferenceSpec:
                          recipe.actor.zero_stage)
 
 
-def scorer_spec(recipe: Recipe, section: str) -> ScorerSpec:
-    """The reward (`section` "reward") or Safe-RLHF's cost ("cost"): a model when set, else a function."""
+def scorer_spec(recipe: Recipe, section: str, local: bool = False) -> ScorerSpec:
+    """The reward (`section` "reward") or Safe-RLHF's cost ("cost"): a model when set, else a function.
+    `local`: on the local backend, which watches the function itself (`trainer.worker_timeout_s`);
+    the ray backend's controller watches the whole call."""
     cfg = getattr(recipe, section)
     model = model_spec(recipe, cfg.model) if cfg.model else None
     fn = None if cfg.model else load_reward_fn(cfg.function, f"{section}.function", recipe.reward)
     return ScorerSpec(section, model_spec(recipe, recipe.model.path), model, fn, cfg.function,
-                      recipe.actor.micro_batch_size, recipe.actor.zero_stage)
+                      recipe.actor.micro_batch_size, recipe.actor.zero_stage,
+                      timeout_s=recipe.trainer.worker_timeout_s if local else None)
 
 
-def worker_spec(recipe: Recipe, role: str) -> Any:
-    """The spec of one role's worker."""
+def worker_spec(recipe: Recipe, role: str, local: bool = False) -> Any:
+    """The spec of one role's worker (`local`: for the local backend)."""
     builders = {
         "actor": lambda: actor_spec(recipe),
         "rollout": lambda: actor_spec(recipe),  # async mode's generator on its own pool: the actor's settings
         "reference": lambda: reference_spec(recipe),
         "critic": lambda: critic_spec(recipe, recipe.critic_source),
         "cost_critic": lambda: critic_spec(recipe, recipe.cost_critic_source),
-        "reward": lambda: scorer_spec(recipe, "reward"),
-        "cost": lambda: scorer_spec(recipe, "cost"),
+        "reward": lambda: scorer_spec(recipe, "reward", local),
+        "cost": lambda: scorer_spec(recipe, "cost", local),
     }
     return builders[role]()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from hflow.engine.models.safetensors_header import read_layout
 from hflow.trainer.rundir.layout import COMPLETE, TRAINER_STATE
@@ -52,9 +53,11 @@ def verify(checkpoint: Path) -> str | None:
     return None
 
 
-def newest_whole(checkpoints: list[Path]) -> tuple[Path | None, list[str]]:
+def newest_whole(checkpoints: list[Path], set_aside: Callable[[Path], str | None] | None = None
+                 ) -> tuple[Path | None, list[str]]:
     """The newest of `checkpoints` (oldest first) that verifies, or None; and one line for each
-    newer one skipped, saying why and where the run continues instead."""
+    newer one skipped, saying why, where `set_aside` moved it (it returns the new place, or None
+    when it could not move it) and where the run continues instead."""
     skipped = []
     chosen = None
     for checkpoint in reversed(checkpoints):
@@ -62,7 +65,8 @@ def newest_whole(checkpoints: list[Path]) -> tuple[Path | None, list[str]]:
         if problem is None:
             chosen = checkpoint
             break
-        skipped.append((checkpoint, problem))
+        moved = set_aside(checkpoint) if set_aside else None
+        skipped.append((checkpoint, problem + (f" (moved to {moved} for inspection)" if moved else "")))
     then = f"resuming from {chosen.name}" if chosen else "no older checkpoint verifies: starting over from step 1"
     return chosen, [f"checkpoint {path.name} skipped: {problem}; {then}" for path, problem in skipped]
 

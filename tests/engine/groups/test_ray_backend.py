@@ -21,18 +21,18 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "PYTHONPATH")}
-    os.environ["RAY_AUTH_MODE"] = "disabled"
+    from hflow.engine.groups.ray_backend import start_local_ray, stop_local_ray
+
+    saved = os.environ.get("PYTHONPATH")
     # Workers import the test reward functions from tests/.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved]))
+    start_local_ray(num_cpus=2, log_to_driver=False)  # as `hflow train` starts one
     yield ray
-    ray.shutdown()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    stop_local_ray()
+    if saved is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = saved
 
 
 def _recipe(model, **sections):
@@ -135,8 +135,7 @@ def test_raising_worker_through_the_cli(tiny_model, tmp_path):
         reward={"function": "faulty_rewards:raises_at_second_call"},
         cluster={"cpu_slots": 2}, placement={"backend": "ray", "mode": "split"},
     )
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
-           "RAY_AUTH_MODE": "disabled"}
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     start = time.monotonic()
     result = run_hflow("train", str(recipe), env=env, timeout=300)
     assert time.monotonic() - start < 240

@@ -21,7 +21,6 @@ def test_each_rank_runs_on_the_gpu_ray_assigned_it(monkeypatch, noset):
     from hflow.engine.groups.ray_backend import RayCluster
     from hflow.engine.groups.worker import ResourcePool
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     if noset:  # Ray leaves CUDA_VISIBLE_DEVICES alone: plain "cuda" would put every rank on GPU 0
         monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")

@@ -85,8 +85,9 @@ def test_a_damaged_safetensors_header_and_a_missing_file_are_named(run):
 
 
 def test_when_no_checkpoint_verifies_the_run_starts_over(run):
-    for step in (2, 4):
-        cut(checkpoint(run, step) / "trainer_state.json")
+    written = [checkpoint(run, step) for step in (2, 4)]
+    for path in written:
+        cut(path / "trainer_state.json")
     picked, skipped = run.resume_checkpoint()
     assert picked is None
     assert [line.split(":")[0] for line in skipped] == ["checkpoint step_000004 skipped",
@@ -122,3 +123,61 @@ def test_the_engine_reports_a_checkpoint_write_failure_as_an_oserror(tmp_path):
     with pytest.raises(OSError) as failed:
         TensorFileWriter(tmp_path / "no-such-folder" / "weights.safetensors", [TensorSpec("w", (2,))])
     assert failed.value.errno == errno.ENOENT
+
+
+def test_a_damaged_checkpoint_is_moved_aside_on_resume(run):
+    older = checkpoint(run, 2)
+    newest = checkpoint(run, 4)
+    cut(newest / "actor" / "weights.safetensors")
+    picked, skipped = run.resume_checkpoint()
+    assert picked == older
+    assert skipped == ["checkpoint step_000004 skipped: actor/weights.safetensors is truncated (2.1 kB of 4.2 kB) "
+                       "(moved to checkpoints/damaged/step_000004 for inspection); resuming from step_000002"]
+    assert run.complete_checkpoints() == [older]
+    kept = run.checkpoints / "damaged" / "step_000004"
+    assert verify(kept).startswith("actor/weights.safetensors is truncated")  # kept as it was, for inspection
+
+
+def test_pruning_keeps_the_newest_checkpoints_that_verify(run, capsys):
+    """A damaged newest checkpoint (step 4) left in place used to count as the newest kept one: with
+    keep_checkpoints 1 each good checkpoint written after it was deleted at once."""
+    checkpoint(run, 2)
+    damaged = checkpoint(run, 4)
+    cut(damaged / "trainer_state.json")
+    run.recipe.trainer.keep_checkpoints = 1
+    written = checkpoint(run, 3)  # a resume from step 2 writes step 3
+    assert run.complete_checkpoints() == [written]
+    assert run.resume_checkpoint() == (written, [])
+    assert (run.checkpoints / "damaged" / "step_000004" / "trainer_state.json").is_file()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["checkpoint step_000004 does not verify: trainer_state.json is truncated (5 B of 11 B); moved "
+                     "to checkpoints/damaged/step_000004 for inspection, not counted among the "
+                     "trainer.keep_checkpoints=1 kept"]
+    again = checkpoint(run, 4)  # a second damaged step 4 later keeps the first one's place
+    cut(again / "trainer_state.json")
+    checkpoint(run, 5)
+    assert sorted(p.name for p in (run.checkpoints / "damaged").iterdir()) == ["step_000004", "step_000004-2"]
+
+
+def test_each_checkpoint_records_the_recipe_hash(run):
+    run.recipe_digest = "ab" * 32
+    state = json.loads((checkpoint(run, 2) / "trainer_state.json").read_text())
+    assert state == {"step": 2, "recipe_sha256": "ab" * 32}
+
+
+def test_final_appears_whole_or_not_at_all(run):
+    with pytest.raises(MachineError) as failed:
+        with run.writing_final() as staging:
+            (staging / "config.json").write_text("{}")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert str(failed.value) == (f"cannot write final in {run.path}: No space left on device; "
+                                 "no checkpoint was written yet")
+    assert sorted(p.name for p in run.path.iterdir()) == ["checkpoints"]  # no final/, no staging left
+    with run.writing_final() as staging:
+        (staging / "config.json").write_text('{"first": 1}')
+        assert not (run.path / "final").exists()  # written beside, renamed into place when whole
+    with run.writing_final() as staging:
+        (staging / "config.json").write_text('{"second": 2}')
+        assert (run.path / "final" / "config.json").read_text() == '{"first": 1}'  # the old one until then
+    assert sorted(p.name for p in run.path.iterdir()) == ["checkpoints", "final"]
+    assert (run.path / "final" / "config.json").read_text() == '{"second": 2}'
