@@ -48,21 +48,21 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def write(path: Path, text: str) -> None:
-    """Create or replace `path` in place (for files in a folder not yet renamed into place)."""
-    fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+def _write_text(path: Path, text: str, flags: int) -> None:
+    fd = open_file(path, os.O_WRONLY | os.O_CREAT | flags)
     try:
         write_all(fd, text.encode())
     finally:
         os.close(fd)
+
+
+def write(path: Path, text: str) -> None:
+    """Create or replace `path` in place (for files in a folder not yet renamed into place)."""
+    _write_text(path, text, os.O_TRUNC)
 
 
 def append(path: Path, text: str) -> None:
-    fd = open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        write_all(fd, text.encode())
-    finally:
-        os.close(fd)
+    _write_text(path, text, os.O_APPEND)
 
 
 def atomic_write(path: Path, text: str) -> None:
