@@ -21,7 +21,7 @@ from hflow.trainer.config.load import (
     read_yaml,
 )
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.control.stop import is_stop, stop_exit_code, stop_message, stop_signals
+from hflow.trainer.stop import is_stop, stop_exit_code, stop_message, stop_signals
 from hflow.trainer.rundir.layout import FINAL, RECIPE
 
 if TYPE_CHECKING:

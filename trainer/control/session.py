@@ -28,7 +28,7 @@ from hflow.trainer.control.episode_stats import episode_metrics, episode_sample
 from hflow.trainer.control.evaluate import Evaluator
 from hflow.trainer.control.nonfinite import SKIPPED, check_update, finite, nonfinite_problem, scorer_name
 from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
-from hflow.trainer.control.stop import is_stop, stop_message
+from hflow.trainer.stop import is_stop, stop_message
 from hflow.trainer.control.streaming import score_chunks
 from hflow.trainer.control.work_account import work_metrics
 from hflow.trainer.data.prompts import PromptData

@@ -23,7 +23,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.seeding import stream_seed
 from hflow.errors import UserError
 from hflow.trainer.config.sections import DataConfig
-from hflow.trainer.control.stop import check_stop
+from hflow.trainer.stop import check_stop
 from hflow.trainer.data import tasks
 from hflow.trainer.data.row_checks import check_rows
 

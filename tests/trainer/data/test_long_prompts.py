@@ -13,7 +13,7 @@ import pytest
 
 from hflow.engine.models.loading import TINY_CHARS, build_tiny_tokenizer
 from hflow.trainer.config.load import build_recipe
-from hflow.trainer.control.stop import Terminated, stop_signals
+from hflow.trainer.stop import Terminated, stop_signals
 from hflow.trainer.data.prompts import PromptData, encode_prompt, prompt_char_limit
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hflow.trainer.control.session import failure_message
-from hflow.trainer.control.stop import Terminated, stop_exit_code, stop_signals
+from hflow.trainer.stop import Terminated, stop_exit_code, stop_signals
 
 
 def test_sigterm_raises_terminated_inside_the_block_and_the_old_handler_returns():
