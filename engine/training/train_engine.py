@@ -8,8 +8,10 @@ so the same checkpoint serves every ZeRO stage and data-parallel size.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -63,12 +65,36 @@ def deepspeed_config(zero_stage: int, grad_clip: float, micro_batch_size: int, m
     return config
 
 
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+def import_muon_uncompiled() -> None:
+    """DeepSpeed's ZeRO code imports its Muon optimizer at set-up and in its gradient reduction;
+    that module decorates its kernels with `torch.compile` at import, which loads torch's compiler
+    (`torch._inductor`): 1.5-3 s of every training process's start on a 2-core machine, for an
+    optimizer hflow never builds (it gives DeepSpeed torch's AdamW). Imported here first with
+    torch's default compile backend set to eager for the import alone, the module loads without
+    the compiler; its kernels would run uncompiled, and nothing here runs them."""
+    if MUON_MODULE in sys.modules or not hasattr(torch.compiler, "set_default_backend"):
+        return
+    before = torch.compiler.get_default_backend()
+    torch.compiler.set_default_backend("eager")
+    try:
+        importlib.import_module(MUON_MODULE)
+    except ImportError:  # a DeepSpeed without Muon: nothing to import
+        pass
+    finally:
+        torch.compiler.set_default_backend(before)
+
+
 class TrainEngine:
     """DeepSpeed-wrapped model + AdamW + schedule; `micro_steps` micro-batches per update."""
 
     def __init__(self, model: torch.nn.Module, cfg: OptimSpec, total_updates: int,
                  micro_batch_size: int, micro_steps: int, bf16: bool):
         import deepspeed
+
+        import_muon_uncompiled()
 
         self.cfg = cfg
         # fused: one kernel over all the parameters (torch's CPU and CUDA AdamW alike); on the CPU

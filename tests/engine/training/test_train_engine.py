@@ -200,3 +200,32 @@ def test_the_fused_optimizer_and_the_one_rank_shortcut_update_as_torchs_adamw(ti
     # Adam moves an element whose gradient is near eps by up to lr on summation-order noise.
     assert_same_adam_step({n: p.detach() for n, p in engine.module.named_parameters()},
                           {n: p.detach() for n, p in reference.named_parameters()}, lr=1e-2, close=1e-5)
+
+
+def test_a_zero_engine_starts_without_loading_torch_compiler(tiny_model):
+    """DeepSpeed's ZeRO optimizer check would import its Muon optimizer, and with it torch's
+    compiler (`torch._inductor.compile_fx` and what it loads: seconds of every training process's
+    start); the engine imports it first with an eager default backend. In a fresh process, as every
+    `hflow train` starts, and through an update (DeepSpeed's ZeRO gradient reduction imports it too)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, torch
+from hflow.engine.groups.dist import ensure_process_group
+from hflow.engine.models.loading import load_causal_lm
+from hflow.engine.training.train_engine import TrainEngine
+from hflow.trainer.config.sections import ActorConfig
+from hflow.trainer.control.worker_specs import optim_spec
+ensure_process_group(torch.device("cpu"))
+model = load_causal_lm({str(tiny_model)!r}, torch.float32)
+engine = TrainEngine(model, optim_spec(ActorConfig(zero_stage=1)), total_updates=2, micro_batch_size=2,
+                     micro_steps=1, bf16=False)
+ids = torch.randint(3, 50, (2, 8))
+engine.backward(engine.forward(input_ids=ids, labels=ids).loss)
+engine.step()
+print(type(engine.optimizer).__name__, "torch._inductor.compile_fx" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["DeepSpeedZeroOptimizer", "False"]
