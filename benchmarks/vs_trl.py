@@ -2,23 +2,25 @@
 
     pip install -e '.[bench]'            # TRL is a benchmark-only dependency
     python benchmarks/vs_trl.py [--sizes tiny | small,medium,base] [--tokenizer char|bpe] [--model DIR]
-                                [--steps 12] [--rounds 2] [--engine hf|vllm] [--prompts 16] [--max-new 64]
-                                [--threads N] [--busy K] [--json]
+                                [--steps 12] [--rounds 2] [--engine hf|vllm] [--prompts 16] [--max-new 64[,256,...]]
+                                [--n 4[,16,...]] [--warmup 2] [--threads N] [--busy K] [--json]
 
 Both train the same model (a locally built Llama of each --sizes entry: tiny 0.1M, small 3.4M,
 medium 27M, base 85M parameters, with the character tokenizer or a 512-token byte-level BPE
 trained here; or the Hugging Face directory --model) on the same prompts (the synthetic
-`digits` task) with matching settings: --prompts prompts x n = 4 samples per step, responses up
-to --max-new tokens, temperature 1, one optimizer step per RL step, no KL term (TRL's default
+`digits` task) with matching settings: --prompts prompts x --n samples per step, responses up
+to --max-new tokens (comma-separated lists of --max-new and --n scan every pair: how the cost
+grows with long responses and large groups), temperature 1, one optimizer step per RL step, no KL term (TRL's default
 beta = 0), fp32 on the CPU, --threads torch threads (default: torch's own count). hflow runs as
 users run it, `hflow train` in its own process (with the command's CPU thread settings,
 `cli/cpu_threads.py`); TRL runs in its own process with its defaults. With --engine vllm hflow
 also rescores the rollout before the update (the engine requires it), a pass TRL does not make.
 
-Per run the figure is the median over its steps after two warm-up steps; the two frameworks
+Per run the figure is the median over its steps after --warmup warm-up steps; the two frameworks
 alternate in rounds (hflow, TRL, TRL, hflow, ...) because a shared machine's speed drifts.
 Printed per size: seconds per step, tokens per second (prompt + response tokens of the step's
-batch over its wall time), every round's ratio, and the step's achieved FLOP/s, 8 x parameters x
+batch over its wall time), every round's ratio, each process's peak resident memory (hflow's
+`memory/peak_bytes`, TRL's `ru_maxrss`: Python, torch and everything else included), and the step's achieved FLOP/s, 8 x parameters x
 tokens per second (2 per token to generate it, 6 to train on it; the input embedding, a lookup,
 not counted) against the machine's fp32 matrix-product peak measured here at the same thread
 count. --busy K runs K spinning processes beside every run (a shared laptop or CI runner).
@@ -44,17 +46,15 @@ import tempfile
 import time
 from pathlib import Path
 
-N = 4
-WARMUP = 2
 
 
 def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
     engine = a.engine
     sets = [
         f"model.path={model_dir}", "model.init=null", f"trainer.total_steps={a.steps}", "trainer.save_every=0",
-        f"trainer.prompts_per_step={a.prompts}", f"rollout.n={N}", f"rollout.max_response_length={a.max_new}",
-        "grpo.kl_coef=0", f"actor.lr={a.lr}", f"actor.mini_batch_size={a.prompts * N}",
-        f"actor.micro_batch_size={a.prompts * N}", "logging.samples_per_step=0", "logging.progress=lines",
+        f"trainer.prompts_per_step={a.prompts}", f"rollout.n={a.n}", f"rollout.max_response_length={a.max_new}",
+        "grpo.kl_coef=0", f"actor.lr={a.lr}", f"actor.mini_batch_size={a.prompts * a.n}",
+        f"actor.micro_batch_size={a.prompts * a.n}", "logging.samples_per_step=0", "logging.progress=lines",
         f"rollout.engine={engine}",
         # One update per step is exactly on-policy: like TRL at num_iterations=1, no second scoring
         # pass (the vllm engine always rescores: it reports no entropy).
@@ -66,12 +66,12 @@ def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
     return cmd
 
 
-def read_hflow(out: str) -> dict:
+def read_hflow(out: str, warmup: int) -> dict:
     events = [json.loads(line) for path in glob.glob(f"{out}/*/events.jsonl")
               for line in Path(path).read_text().splitlines()]
-    steps = [e for e in events if "timing/step" in e][WARMUP:]
+    steps = [e for e in events if "timing/step" in e][warmup:]
     return {"tokens_per_s": [e["throughput/tokens_per_s"] for e in steps], "step_s": [e["timing/step"] for e in steps],
-            "events": steps}
+            "events": steps, "peak_bytes": [max(e.get("memory/peak_bytes", 0) for e in events if "timing/step" in e)]}
 
 
 def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
@@ -114,7 +114,7 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
 
     clock = StepClock()
     config = GRPOConfig(
-        output_dir=a.out, per_device_train_batch_size=a.prompts * N, num_generations=N,
+        output_dir=a.out, per_device_train_batch_size=a.prompts * a.n, num_generations=a.n,
         max_completion_length=a.max_new, learning_rate=a.lr, max_steps=a.steps, beta=0.0, temperature=1.0,
         num_iterations=1, gradient_accumulation_steps=1, steps_per_generation=1, logging_steps=1,
         report_to="none", save_strategy="no", use_cpu=True, bf16=False, shuffle_dataset=False,
@@ -123,14 +123,23 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[clock])
     trainer.train()
-    return {"tokens_per_s": [t / s for t, s in zip(tokens[WARMUP:], clock.times[WARMUP:])],
-            "step_s": clock.times[WARMUP:], "rows": rows[WARMUP:]}
+    w = a.warmup
+    import resource  # the process's peak resident memory, as hflow's `memory/peak_bytes` on a CPU
+    return {"tokens_per_s": [t / s for t, s in zip(tokens[w:], clock.times[w:])],
+            "step_s": clock.times[w:], "rows": rows[w:],
+            "peak_bytes": [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]}
 
 
-def build_model(out: str, size: str, tokenizer: str) -> Path:
-    """A locally built Llama of `size` with the character tokenizer or a 512-token byte-level BPE."""
+def build_model(out: str, size: str, tokenizer: str, context: int) -> Path:
+    """A locally built Llama of `size` with the character tokenizer or a 512-token byte-level BPE,
+    its context (`max_position_embeddings`, rotary: no learned table) at least `context`."""
     from hflow.engine.models.loading import build_tiny_model
-    return build_tiny_model(out, size, tokenizer=build_bpe_tokenizer() if tokenizer == "bpe" else None)
+    path = build_tiny_model(out, size, tokenizer=build_bpe_tokenizer() if tokenizer == "bpe" else None)
+    config = json.loads((path / "config.json").read_text())
+    if config["max_position_embeddings"] < context:
+        config["max_position_embeddings"] = context
+        (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
 
 
 def build_bpe_tokenizer(vocab: int = 512):
@@ -188,16 +197,17 @@ def one_run(name: str, model_dir: Path, out: str, a: argparse.Namespace, env: di
         cmd = hflow_command(str(model_dir), out, a)
     else:
         cmd = [sys.executable, __file__, "--run", "trl", "--model", str(model_dir), "--out", out,
-               *[f"--{k}={getattr(a, k.replace('-', '_'))}" for k in ("steps", "prompts", "max-new", "lr")]]
+               *[f"--{k}={getattr(a, k.replace('-', '_'))}" for k in ("steps", "prompts", "max-new", "n", "warmup", "lr")]]
     with Busy(a.busy):
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if done.returncode != 0:
         sys.exit(f"{name} run failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return read_hflow(out) if name == "hflow" else json.loads(done.stdout.strip().splitlines()[-1])
+    return read_hflow(out, a.warmup) if name == "hflow" else json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def scan_size(label: str, model_dir: Path, tmp: str, a: argparse.Namespace, env: dict, peak: float) -> dict:
-    steps = {name: {"tokens_per_s": [], "step_s": [], "events": [], "rows": []} for name in ("hflow", "trl")}
+    steps = {name: {"tokens_per_s": [], "step_s": [], "events": [], "rows": [], "peak_bytes": []}
+             for name in ("hflow", "trl")}
     rounds = []
     for i in range(a.rounds):
         medians = {}
@@ -208,11 +218,12 @@ def scan_size(label: str, model_dir: Path, tmp: str, a: argparse.Namespace, env:
             medians[name] = statistics.median(result["tokens_per_s"])
         rounds.append({**medians, "ratio": medians["hflow"] / medians["trl"]})
     params = flop_params(model_dir)
-    out = {"model": label, "parameters": params, "rounds": rounds}
+    out = {"model": label, "parameters": params, "n": a.n, "max_new": a.max_new, "rounds": rounds}
     for name, v in steps.items():
         tps = statistics.median(v["tokens_per_s"])
         out[name] = {"tokens_per_s": tps, "step_s": statistics.median(v["step_s"]),
-                     "flops_per_s": 8 * params * tps, "of_peak": 8 * params * tps / peak}
+                     "flops_per_s": 8 * params * tps, "of_peak": 8 * params * tps / peak,
+                     "peak_bytes": max(v["peak_bytes"], default=0)}
     out["ratio"] = out["hflow"]["tokens_per_s"] / out["trl"]["tokens_per_s"]
     out["account"] = accounts(str(model_dir), a, steps)
     return out
@@ -238,7 +249,7 @@ def accounts(model_dir: str, a: argparse.Namespace, steps: dict) -> dict:
     limits, flops = [], []
     for rows in steps["trl"]["rows"]:
         lengths = torch.tensor(rows)
-        step_rows = StepRows(lengths[:, 0], lengths[:, 1], torch.arange(len(rows)) // N)
+        step_rows = StepRows(lengths[:, 0], lengths[:, 1], torch.arange(len(rows)) // a.n)
         needs = {phase: phase_needs(phase, "actor", shape, step_rows, recipe) for phase in ("generate", "update_actor")}
         flops.append(sum(f for f, _ in needs.values()))
         limits.append(sum(max(f / hflow["phases"][phase]["peak_flops_per_s"], b / bandwidth)
@@ -256,11 +267,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="tiny", help="comma-separated: tiny, small, medium, base")
     parser.add_argument("--tokenizer", default="char", choices=["char", "bpe"])
     parser.add_argument("--model", default=None, help="a Hugging Face model directory instead of --sizes")
-    parser.add_argument("--steps", type=int, default=12, help=f"steps per run (the first {WARMUP} are warm-up)")
+    parser.add_argument("--steps", type=int, default=12, help="steps per run (the first --warmup are dropped)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up steps dropped from each run")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each framework, alternating")
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hflow's generation engine")
-    parser.add_argument("--prompts", type=int, default=16, help="prompts per step (x 4 samples)")
-    parser.add_argument("--max-new", type=int, default=64, help="most new tokens per response")
+    parser.add_argument("--prompts", type=int, default=16, help="prompts per step (x --n samples)")
+    parser.add_argument("--max-new", default="64", help="most new tokens per response; a comma list scans them")
+    parser.add_argument("--n", default="4", help="samples per prompt (GRPO's group); a comma list scans them")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     parser.add_argument("--busy", type=int, default=0, help="spinning processes beside every run")
@@ -268,22 +281,30 @@ def main() -> None:
     parser.add_argument("--run", choices=["trl"], help=argparse.SUPPRESS)  # one TRL run (a child process)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     a = parser.parse_args()
+    if a.steps <= a.warmup:
+        parser.error(f"--steps must be more than --warmup {a.warmup} (the warm-up steps are dropped)")
+    try:
+        lengths, groups = [int(x) for x in str(a.max_new).split(",")], [int(x) for x in str(a.n).split(",")]
+    except ValueError:
+        parser.error(f"--max-new {a.max_new!r} and --n {a.n!r} take whole numbers separated by commas")
     if a.run:
+        a.max_new, a.n = lengths[0], groups[0]
         print(json.dumps(run_trl(a.model, a)))
         return
-    if a.steps <= WARMUP:
-        parser.error(f"--steps must be more than {WARMUP} (the warm-up steps are dropped)")
     env = {**os.environ, **({"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}), "WANDB_MODE": "disabled"}
     peak = matmul_peak(env)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         # Absolute: the TRL subprocess runs in the temporary folder.
         models = [(a.model, Path(a.model).resolve())] if a.model else [
-            (f"{s}-{a.tokenizer}", build_model(f"{tmp}/{s}", s, a.tokenizer)) for s in a.sizes.split(",")]
+            (f"{s}-{a.tokenizer}", build_model(f"{tmp}/{s}", s, a.tokenizer, max(lengths) + 512)) for s in a.sizes.split(",")]
         for label, model_dir in models:
-            results.append(scan_size(label, model_dir, tmp, a, env, peak))
-            if not a.json:
-                report(results[-1], a)
+            for max_new in lengths:
+                for n in groups:
+                    one = argparse.Namespace(**{**vars(a), "max_new": max_new, "n": n})
+                    results.append(scan_size(f"{label}-r{max_new}-n{n}", model_dir, tmp, one, env, peak))
+                    if not a.json:
+                        report(results[-1], one)
     if a.json:
         print(json.dumps({"fp32_peak_flops_per_s": peak, "busy": a.busy, "engine": a.engine, "sizes": results}))
     else:
@@ -292,12 +313,13 @@ def main() -> None:
 
 def report(r: dict, a: argparse.Namespace) -> None:
     print(f"\n{r['model']}: {r['parameters'] / 1e6:.1f}M parameters, hflow engine {a.engine}, {a.prompts} prompts "
-          f"x {N}, up to {a.max_new} new tokens, {a.rounds} rounds of {a.steps} steps, {a.busy} busy processes")
+          f"x {a.n}, up to {a.max_new} new tokens, {a.rounds} rounds of {a.steps} steps, {a.busy} busy processes")
     print("rounds (hflow / TRL):", ", ".join(f"{x['ratio']:.2f}x" for x in r["rounds"]))
-    print(f"{'':8}{'s/step':>9}{'tokens/s':>10}{'GFLOP/s':>9}{'of peak':>9}")
+    print(f"{'':8}{'s/step':>9}{'tokens/s':>10}{'GFLOP/s':>9}{'of peak':>9}{'peak MiB':>10}")
     for name in ("hflow", "trl"):
         m = r[name]
-        print(f"{name:8}{m['step_s']:>9.3f}{m['tokens_per_s']:>10.0f}{m['flops_per_s'] / 1e9:>9.1f}{m['of_peak']:>9.0%}")
+        print(f"{name:8}{m['step_s']:>9.3f}{m['tokens_per_s']:>10.0f}{m['flops_per_s'] / 1e9:>9.1f}{m['of_peak']:>9.0%}"
+              f"{m['peak_bytes'] / 2**20:>10.0f}")
     print(f"ratio hflow / TRL: {r['ratio']:.2f}x")
     from hflow.trainer.control.bench_account import table
 
