@@ -10,6 +10,7 @@ neither imports the other for it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from typing import Callable
@@ -43,3 +44,34 @@ def logits_kwargs(forward: Callable, keep: int, width: int, device) -> dict:
     if not _takes_logits_to_keep(type(model_behind(forward))):
         return {}
     return {"logits_to_keep": torch.arange(width - keep, width, device=device)}
+
+
+# Causal LMs whose forward runs the head as `lm_head(hidden_states[:, kept, :])` and returns its
+# output as the logits untouched (transformers' Llama, Qwen2/3 and Mistral): for these the head
+# can be run on a list of (row, position) pairs instead of whole columns (`head_at`).
+HEAD_AT_MODELS = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
+
+
+def can_head_at(forward: Callable) -> bool:
+    model = model_behind(forward)
+    return type(model).__name__ in HEAD_AT_MODELS and model.get_output_embeddings() is not None
+
+
+@contextlib.contextmanager
+def head_at(forward: Callable, rows: torch.Tensor, columns: torch.Tensor):
+    """Within the block, the model's LM head runs only on the hidden states at (rows[i],
+    columns[i]): a forward's `logits` are then (K, V), row i for pair i. Where the responses of a
+    batch end at different lengths, or some tokens are not scored (a tool's output in a
+    multi-turn episode), whole columns would run the head on positions nobody reads; with a
+    49k-151k-token vocabulary the head is a fifth to a third of a small model's FLOPs, and its
+    (rows, positions, vocab) output the largest tensor of the pass. Only for `can_head_at` models."""
+    head = model_behind(forward).get_output_embeddings()
+
+    def gather(module, args):
+        return (args[0][rows, columns],) + tuple(args[1:])
+
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -3,10 +3,13 @@
 Used by the actor (old and new policy), the reference, and the update. Logits are
 divided by the sampling temperature so that training scores tokens under the same
 distribution they were sampled from. The LM head runs only on the positions scored
-(`lm_head.logits_kwargs`), and the log-probs come from its logits a chunk of tokens at a time
-(`token_logprobs.token_log_probs`): no float32 copy of all the logits.
+(`lm_head.head_at`; for other architectures on the columns that hold them, `logits_kwargs`), and
+the log-probs come from its logits a chunk of tokens at a time (`token_logprobs.token_log_probs`):
+no float32 copy of all the logits. Positions not scored are zero on the `head_at` path and
+unspecified otherwise: every caller masks them with `response_mask`.
 
-Two ways to score, the same numbers (tested against each row scored alone):
+Two ways to score, the same numbers (tested against each row scored alone), both with their rows
+in length buckets (`length_buckets`: no forward wider than its rows need, where that pays):
   shared prompt  a prompt's n samples run its prompt once; the KV cache is repeated to them
   whole rows     each row shifted to column 0 and run without an attention mask
 """
@@ -16,10 +19,11 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from transformers import DynamicCache
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.engine.lm_head import logits_kwargs, model_behind
+from hflow.engine.lm_head import can_head_at, head_at, logits_kwargs, model_behind
 from hflow.engine.rollout.assembly import positions
 from hflow.engine.training.lockstep import agreed, several_ranks
 from hflow.engine.training.token_logprobs import token_log_probs
@@ -77,12 +81,14 @@ def _can_share(forward: Callable) -> bool:
 
 def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor, temperature: float,
                           with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(B, R) log-probs (and entropy), each distinct prompt run once.
+    """(B, R) log-probs (and entropy), each distinct prompt run once; zero where not scored.
 
     The prompts (left-padded, as in the rollout) go through the model once per group with the
     KV cache on; the cache is repeated to the group's rows (an indexing step, so gradients flow
     back into the prompt pass), and the responses run on top of it. The last prompt position's
     logits predict every row's first response token; response position t's, token t + 1.
+    The responses run in buckets of rows of similar length (`length_buckets`), each only as wide
+    as its longest row needs, and the LM head only where a token is scored (`lm_head.head_at`).
     """
     mask, responses = batch[col.ATTENTION_MASK], batch[col.RESPONSES]
     rows, width_r = responses.shape
@@ -93,23 +99,112 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
                      use_cache=True, **logits_kwargs(forward, 1, width_p, prompt_ids.device))
     cache = prefix.past_key_values
     groups = groups.to(prompt_ids.device)
-    cache.batch_select_indices(groups)
     last = prefix.logits.shape[1] - 1
     first = token_log_probs(prefix.logits, (groups, torch.full_like(groups, last)), responses[:, 0],
                             temperature, with_entropy)
-    if width_r == 1 and not batch.meta.get("lockstep"):
+    lockstep = bool(batch.meta.get("lockstep"))
+    if width_r == 1 and not lockstep:
         return tuple(a[:, None] if a is not None else None for a in first)
-    # The responses but their last column, whose output predicts nothing (ZeRO-3 ranks in lockstep
-    # run this forward even for one column, as every rank must).
-    ids = responses[:, :-1] if width_r > 1 else responses
+    # Response column t's output scores token t + 1: a row needs its columns up to its last scored one.
+    scored = batch[col.RESPONSE_MASK][:, 1:].bool()
+    if lockstep:
+        # ZeRO-3 ranks in lockstep run the same forwards: one of every row, the responses but their
+        # last column (one column when there is only one), as every rank must.
+        buckets = [(torch.arange(rows, device=mask.device), max(1, width_r - 1))]
+    else:
+        needed = torch.where(scored.any(-1), width_r - 1 - scored.flip(-1).int().argmax(-1), 0)
+        buckets = length_buckets(needed, mask.device)
     start = mask[:, :width_p].sum(-1, keepdim=True)
-    out = forward(input_ids=ids, attention_mask=mask[:, :width_p + ids.shape[1]],
-                  position_ids=start + torch.arange(ids.shape[1], device=mask.device)[None],
-                  past_key_values=cache, use_cache=True)
-    row = torch.arange(rows, device=mask.device)[:, None].expand(-1, width_r - 1)
-    column = torch.arange(width_r - 1, device=mask.device)[None].expand(rows, -1)
-    rest = token_log_probs(out.logits, (row, column), responses[:, 1:], temperature, with_entropy)
-    return tuple(torch.cat([a[:, None], b], dim=1) if a is not None else None for a, b in zip(first, rest))
+    at_rows, at_columns, parts = [], [], []
+    for index, width in buckets:
+        ids = responses[index, :width]
+        local_row, column = scored[index, :width].nonzero(as_tuple=True)
+        out = _scored_forward(forward, (local_row, column), input_ids=ids,
+                              attention_mask=mask[index, :width_p + width],
+                              position_ids=start[index] + torch.arange(width, device=mask.device)[None],
+                              past_key_values=_repeated_cache(cache, groups[index]), use_cache=True)
+        where = () if out.logits.dim() == 2 else (local_row, column)
+        parts.append(token_log_probs(out.logits, where, responses[index[local_row], column + 1], temperature,
+                                     with_entropy))
+        at_rows.append(index[local_row])
+        at_columns.append(column + 1)
+    return _placed(parts, at_rows, at_columns, (rows, width_r), mask.device, with_entropy, first)
+
+
+# What one more forward costs, in tokens of padding. A forward's matrix products run below peak
+# on few rows: their time goes as (rows + M0), M0 the rows' worth of work lost per product. On
+# the 2-core development CPU at SmolLM2's widths, (M, 576) x (576, 1536) ran at 61 GFLOP/s for
+# M = 100, 83 at 240 and 97 at 480 (2026-11-26): M0 of about 70-100. On a GPU a forward is bound
+# by kernel launches until it has thousands of tokens.
+BUCKET_OVERHEAD_TOKENS = {"cpu": 96, "cuda": 2048}
+
+
+def length_buckets(widths: torch.Tensor, device) -> list[tuple[torch.Tensor, int]]:
+    """Rows of (B,) needed widths in buckets [(row indices, width)] whose forwards, each as wide
+    as its widest row, cost the least: rows sorted by width, cut where a bucket's padding saved
+    outweighs one more forward (`BUCKET_OVERHEAD_TOKENS`). Short responses of similar lengths stay
+    one forward; long ones of mixed lengths split (on SmolLM2, 16 rows of 64-128 tokens: two
+    forwards, 1.3x faster through forward and backward; `benchmarks/scoring_buckets.py`). Rows
+    needing no column are left out. An optimal partition of the sorted rows into runs (dynamic
+    programming, O(B^2)): sorting is optimal because a bucket costs its size times its widest row."""
+    order = torch.argsort(widths, stable=True)
+    sorted_widths = widths[order].tolist()
+    skip = sum(1 for w in sorted_widths if w == 0)
+    order, sorted_widths = order[skip:], sorted_widths[skip:]
+    count = len(sorted_widths)
+    if count == 0:
+        return []
+    overhead = BUCKET_OVERHEAD_TOKENS.get(torch.device(device).type, BUCKET_OVERHEAD_TOKENS["cuda"])
+    best = [0.0] + [float("inf")] * count  # best[j]: least cost of the first j rows
+    cut = [0] * (count + 1)
+    for j in range(1, count + 1):
+        for i in range(j):
+            cost = best[i] + overhead + (j - i) * sorted_widths[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    buckets, j = [], count
+    while j > 0:
+        i = cut[j]
+        buckets.append((order[i:j].to(device), sorted_widths[j - 1]))
+        j = i
+    return buckets[::-1]
+
+
+def _repeated_cache(cache, rows: torch.Tensor):
+    """A new cache holding `cache`'s entries at `rows` (a prompt's KV repeated to its samples),
+    by indexing, so gradients flow back into the prompt pass; `cache` itself is left as it is."""
+    repeated = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        repeated.update(layer.keys[rows], layer.values[rows], i)
+    return repeated
+
+
+def _scored_forward(forward: Callable, at: tuple[torch.Tensor, torch.Tensor], **inputs):
+    """`forward(**inputs)`, its LM head run only at the (row, position) pairs `at` where the model
+    allows (logits (K, V)); otherwise on every position (logits (rows, positions, V))."""
+    if not can_head_at(forward):
+        return forward(**inputs)
+    with head_at(forward, *at):
+        return forward(**inputs)
+
+
+def _placed(parts: list, at_rows: list, at_columns: list, shape: tuple[int, int], device, with_entropy: bool,
+            first: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, R) log-probs and entropy (or None): the scored positions (`at_rows`, `at_columns`, one
+    pair of index tensors per forward) from `parts` in order; column 0 from `first` when given
+    (the prompts' last logits); zero elsewhere. A differentiable placement (`index_put`)."""
+    placed = []
+    for k in range(2):
+        if k == 1 and not with_entropy:
+            placed.append(None)
+            continue
+        grid = torch.zeros(shape, dtype=torch.float32, device=device)
+        if first is not None:
+            grid = torch.cat([first[k][:, None], grid[:, 1:]], dim=1)
+        if parts:
+            grid = grid.index_put((torch.cat(at_rows), torch.cat(at_columns)), torch.cat([p[k] for p in parts]))
+        placed.append(grid)
+    return tuple(placed)
 
 
 def _left_aligned_scores(forward: Callable, batch: Batch, temperature: float,
@@ -129,6 +224,8 @@ def _left_aligned_scores(forward: Callable, batch: Batch, temperature: float,
     columns = max(1, int(mask.sum(-1).max()) - 1)
     source = (width_p - prompt_lengths)[:, None] + torch.arange(columns, device=mask.device)[None]
     input_ids = batch[col.INPUT_IDS].gather(1, source.clamp(max=mask.shape[1] - 1))
+    if can_head_at(forward):
+        return _left_aligned_buckets(forward, batch, prompt_lengths, input_ids, temperature, with_entropy)
     # Logits at column t predict token t + 1: row i's response logits start at column p_i - 1.
     first = min(int(prompt_lengths.min()) - 1, columns - 1)
     out = forward(input_ids=input_ids, use_cache=False,
@@ -139,6 +236,26 @@ def _left_aligned_scores(forward: Callable, batch: Batch, temperature: float,
     at = at.clamp(max=kept - 1) + (logits.shape[1] - kept)  # past a row's end: masked out by response_mask
     row = torch.arange(len(at), device=mask.device)[:, None].expand_as(at)
     return token_log_probs(logits, (row, at), responses, temperature, with_entropy)
+
+
+def _left_aligned_buckets(forward: Callable, batch: Batch, prompt_lengths: torch.Tensor, input_ids: torch.Tensor,
+                          temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`_left_aligned_scores` in length buckets (`length_buckets`: each forward only as wide as its
+    longest row needs) with the LM head only where a token is scored; zero elsewhere."""
+    responses, scored = batch[col.RESPONSES], batch[col.RESPONSE_MASK].bool()
+    width_r = responses.shape[1]
+    # A row needs its columns through the one that predicts its last scored token: p + t_last.
+    last = width_r - 1 - scored.flip(-1).int().argmax(-1)
+    needed = torch.where(scored.any(-1), prompt_lengths + last, 0)
+    at_rows, at_columns, parts = [], [], []
+    for index, columns in length_buckets(needed, responses.device):
+        row, t = scored[index].nonzero(as_tuple=True)
+        with head_at(forward, row, prompt_lengths[index][row] - 1 + t):
+            logits = forward(input_ids=input_ids[index, :columns], use_cache=False).logits
+        parts.append(token_log_probs(logits, (), responses[index[row], t], temperature, with_entropy))
+        at_rows.append(index[row])
+        at_columns.append(t)
+    return _placed(parts, at_rows, at_columns, tuple(responses.shape), responses.device, with_entropy)
 
 
 @torch.no_grad()

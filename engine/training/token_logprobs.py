@@ -27,7 +27,8 @@ def token_log_probs(logits: torch.Tensor, where: tuple[torch.Tensor, ...], token
     """Log-probs (and entropies) at `logits[where]` of `tokens`, under softmax(logits / temperature).
 
     logits: (*lead, V) in any float dtype; where: one index tensor per leading dim, all of one
-    shape S (advanced indexing: `logits[where]` is (*S, V), but is never built whole);
+    shape S (advanced indexing: `logits[where]` is (*S, V), but is never built whole), or ()
+    for logits (K, V) whose every row is scored (the head ran only where needed: `lm_head.head_at`);
     tokens: (*S) token ids. Returns float32 (*S) log-probs and (*S) entropy, or None.
     Gradients flow to `logits` (an index met twice gets both gradients).
     """
@@ -38,10 +39,16 @@ def token_log_probs(logits: torch.Tensor, where: tuple[torch.Tensor, ...], token
     return log_probs.view(shape), entropy.view(shape) if with_entropy else None
 
 
-def _scaled(logits: torch.Tensor, where: tuple[torch.Tensor, ...], temperature: float) -> torch.Tensor:
-    """(c, V) float32 logits / T at `where`: a fresh tensor (indexing copies), so it may be changed
-    in place; no division at T = 1."""
-    z = logits[where].float()
+def _at(where: tuple[torch.Tensor, ...], part: slice) -> tuple:
+    """The chunk `part` of the scored positions: of each index tensor, or of the rows themselves."""
+    return tuple(w[part] for w in where) if where else (part,)
+
+
+def _scaled(logits: torch.Tensor, at: tuple, temperature: float) -> torch.Tensor:
+    """(c, V) float32 logits / T at `at`: a fresh tensor (advanced indexing copies; a slice of
+    rows is copied here), so it may be changed in place; no division at T = 1."""
+    z = logits[at]
+    z = z.float() if isinstance(at[0], torch.Tensor) else z.to(torch.float32, copy=True)
     return z if temperature == 1.0 else z.div_(temperature)
 
 
@@ -53,7 +60,7 @@ class _TokenLogProbs(torch.autograd.Function):
         entropy = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
         for start in range(0, len(tokens), chunk):
             part = slice(start, start + chunk)
-            z = _scaled(logits, tuple(w[part] for w in where), temperature)
+            z = _scaled(logits, _at(where, part), temperature)
             lse[part] = torch.logsumexp(z, -1)
             log_p = z.sub_(lse[part, None])  # -sum p log p, not logsumexp - sum p s: no cancellation
             log_probs[part] = log_p.gather(-1, tokens[part, None]).squeeze(-1)
@@ -69,12 +76,12 @@ class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy):
         logits, tokens, lse, entropy, *where = ctx.saved_tensors
-        grad = torch.zeros_like(logits)
+        grad = torch.zeros_like(logits) if where else torch.empty_like(logits)  # () : every row written
         if grad_entropy is None or not entropy.numel():
             grad_entropy = None
         for start in range(0, len(tokens), ctx.chunk):
             part = slice(start, start + ctx.chunk)
-            at = tuple(w[part] for w in where)
+            at = _at(where, part)
             log_p = _scaled(logits, at, ctx.temperature).sub_(lse[part, None])
             p = log_p.exp()
             # In place where possible: two chunk-sized float32 tensors at once. s - E_p[s] is
@@ -90,5 +97,8 @@ class _TokenLogProbs(torch.autograd.Function):
                 g.sub_(from_entropy)
             if ctx.temperature != 1.0:
                 g.div_(ctx.temperature)
-            grad.index_put_(at, g.to(grad.dtype), accumulate=True)
+            if where:
+                grad.index_put_(at, g.to(grad.dtype), accumulate=True)
+            else:
+                grad[part] = g
         return (grad, None, None, None, None, *[None] * len(where))

@@ -47,6 +47,25 @@ def test_chunked_log_probs_equal_log_softmax_values_and_gradients(temperature, w
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("temperature, dtype", [(1.0, torch.float32), (0.7, torch.float32), (1.0, torch.bfloat16)])
+def test_every_row_scored_equals_the_reference_and_leaves_the_logits_untouched(temperature, dtype):
+    """`where=()`: logits (K, V) from a head run only where scored, each row once, in chunks of
+    slices (not copies by indexing); float32 logits must not be changed in place by the chunks."""
+    g = torch.Generator().manual_seed(3)
+    logits = (3 * torch.randn(10, 50, generator=g)).to(dtype).requires_grad_()
+    before = logits.detach().clone()
+    tokens = torch.randint(0, 50, (10,), generator=g)
+    weights = torch.randn(2, 10, generator=g)
+    got, got_entropy = token_log_probs(logits, (), tokens, temperature, True, chunk_values=3 * 50)
+    got_grad, = torch.autograd.grad((got * weights[0]).sum() + (got_entropy * weights[1]).sum(), logits)
+    want, want_entropy = reference(logits, tokens, temperature)
+    want_grad, = torch.autograd.grad((want * weights[0]).sum() + (want_entropy * weights[1]).sum(), logits)
+    assert torch.equal(logits.detach(), before)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_entropy, want_entropy, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
 def test_log_probs_of_a_hand_computed_distribution():
     """Logits log(1, 2, 5) at T = 1: p = (1/8, 2/8, 5/8); token 1 has log(1/4); at T = 0.5 the
     logits double: p is proportional to (1, 4, 25)."""
@@ -86,14 +105,28 @@ def reference_rows(model, batch: Batch, temperature: float):
     return log_probs, entropy
 
 
-@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("share, overhead, head_at", [(True, 10**6, True), (True, 0, True), (True, 0, False),
+                                                    (False, 0, True), (False, 0, False)])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_response_log_probs_equal_the_reference_values_and_gradients(tiny_model, monkeypatch, share, temperature):
+@pytest.mark.parametrize("holes", [False, True])
+def test_response_log_probs_equal_the_reference_values_and_gradients(tiny_model, monkeypatch, share, overhead,
+                                                                     head_at, temperature, holes):
+    """Shared prompts in one bucket (a huge per-forward cost) or one per response length (none);
+    the LM head on scored positions only or on whole columns; with `holes`, unscored tokens inside
+    the responses (a tool's output in a multi-turn episode) and a row scored on its first token only."""
     monkeypatch.setattr(token_logprobs, "CHUNK_VALUES", 4 * 55)  # tiny vocabulary: chunks of 4 tokens
+    monkeypatch.setitem(logprobs.BUCKET_OVERHEAD_TOKENS, "cpu", overhead)
+    if not head_at:
+        monkeypatch.setattr(logprobs, "can_head_at", lambda forward: False)
     model, batch = _rollout(tiny_model)
+    want = reference_rows(model, batch, temperature)  # before any holes: every response token
+    if holes:
+        batch["response_mask"][1, 2:5] = 0
+        batch["response_mask"][3, 1:] = 0
     batch.meta["share_prompts"] = share
     assert logprobs.shares_prompts(model, batch) == share
     mask = batch["response_mask"].float()
+    want = tuple(w * mask for w in want)
     weights = torch.randn(2, *mask.shape, generator=torch.Generator().manual_seed(1)) * mask
 
     def loss_and_grads(log_probs, entropy):
@@ -101,7 +134,6 @@ def test_response_log_probs_equal_the_reference_values_and_gradients(tiny_model,
         return torch.autograd.grad(loss, list(model.parameters()))
 
     got = logprobs.response_log_probs(model, batch, temperature, with_entropy=True)
-    want = reference_rows(model, batch, temperature)
     for a, b in zip(got, want):
         torch.testing.assert_close(a * mask, b, rtol=1e-5, atol=1e-5)
     for a, b in zip(loss_and_grads(*got), loss_and_grads(*want)):
@@ -109,6 +141,34 @@ def test_response_log_probs_equal_the_reference_values_and_gradients(tiny_model,
     without, none = logprobs.response_log_probs(model, batch, temperature)
     assert none is None
     torch.testing.assert_close(without, got[0].detach())
+
+
+def test_lm_head_runs_only_where_a_token_is_scored(tiny_model, monkeypatch):
+    """Computed = needed for the head: one position per scored token (and per prompt's last
+    position, which scores its rows' first token), whatever the rows' lengths and holes."""
+    monkeypatch.setitem(logprobs.BUCKET_OVERHEAD_TOKENS, "cpu", 0)
+    model, batch = _rollout(tiny_model)
+    batch["response_mask"][1, 2:5] = 0
+    positions = []
+    handle = model.lm_head.register_forward_hook(lambda m, args, out: positions.append(args[0].numel() // model.config.hidden_size))
+    scored_after_first = int(batch["response_mask"][:, 1:].sum())
+    for share, head_runs in [(True, 3 + scored_after_first), (False, int(batch["response_mask"].sum()))]:
+        batch.meta["share_prompts"] = share
+        positions.clear()
+        logprobs.response_log_probs(model, batch, 1.0)
+        assert sum(positions) == head_runs
+    handle.remove()
+
+
+@pytest.mark.parametrize("overhead, expected", [
+    (0, [([0, 2, 5], 1), ([1, 3], 10)]),           # every distinct width its own forward
+    (15, [([0, 2, 5], 1), ([1, 3], 10)]),          # 3 x 9 padding saved > 15: still cut
+    (30, [([0, 2, 5, 1, 3], 10)]),                 # 27 < 30: one forward
+])
+def test_length_buckets_cut_where_the_padding_saved_outweighs_a_forward(overhead, expected, monkeypatch):
+    monkeypatch.setitem(logprobs.BUCKET_OVERHEAD_TOKENS, "cpu", overhead)
+    buckets = logprobs.length_buckets(torch.tensor([1, 10, 1, 10, 0, 1]), "cpu")  # row 4 needs nothing
+    assert [(sorted(rows.tolist()), width) for rows, width in buckets] == [(sorted(r), w) for r, w in expected]
 
 
 def test_ptx_loss_equals_the_reference_and_its_gradient(tiny_model, monkeypatch):
