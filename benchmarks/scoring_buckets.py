@@ -82,7 +82,7 @@ def main() -> None:
             use(way)
             times[way].append(once())
     use("buckets")
-    widths = mask[:, 1:].flip(-1).int().argmax(-1).neg() + mask.shape[1] - 1
+    widths = logprobs.last_scored(mask[:, 1:].bool()) + 1
     buckets = [(len(rows), width) for rows, width in logprobs.length_buckets(widths, "cpu")]
     print(f"{len(mask)} rows, responses {mask.sum(-1).tolist()}; buckets (rows, width): {buckets}")
     for way in ways:

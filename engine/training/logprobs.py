@@ -112,8 +112,7 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
         # last column (one column when there is only one), as every rank must.
         buckets = [(torch.arange(rows, device=mask.device), max(1, width_r - 1))]
     else:
-        needed = torch.where(scored.any(-1), width_r - 1 - scored.flip(-1).int().argmax(-1), 0)
-        buckets = length_buckets(needed, mask.device)
+        buckets = length_buckets(last_scored(scored) + 1, mask.device)
     start = mask[:, :width_p].sum(-1, keepdim=True)
     at_rows, at_columns, parts = [], [], []
     for index, width in buckets:
@@ -129,6 +128,12 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
         at_rows.append(index[local_row])
         at_columns.append(column + 1)
     return _placed(parts, at_rows, at_columns, (rows, width_r), mask.device, with_entropy, first)
+
+
+def last_scored(scored: torch.Tensor) -> torch.Tensor:
+    """(B,) the column of each row's last True in (B, C) `scored`; -1 for a row with none."""
+    last = scored.shape[1] - 1 - scored.flip(-1).int().argmax(-1)
+    return torch.where(scored.any(-1), last, -1)
 
 
 # What one more forward costs, in tokens of padding. A forward's matrix products run below peak
@@ -243,10 +248,9 @@ def _left_aligned_buckets(forward: Callable, batch: Batch, prompt_lengths: torch
     """`_left_aligned_scores` in length buckets (`length_buckets`: each forward only as wide as its
     longest row needs) with the LM head only where a token is scored; zero elsewhere."""
     responses, scored = batch[col.RESPONSES], batch[col.RESPONSE_MASK].bool()
-    width_r = responses.shape[1]
     # A row needs its columns through the one that predicts its last scored token: p + t_last.
-    last = width_r - 1 - scored.flip(-1).int().argmax(-1)
-    needed = torch.where(scored.any(-1), prompt_lengths + last, 0)
+    last = last_scored(scored)
+    needed = torch.where(last >= 0, prompt_lengths + last, 0)
     at_rows, at_columns, parts = [], [], []
     for index, columns in length_buckets(needed, responses.device):
         row, t = scored[index].nonzero(as_tuple=True)
