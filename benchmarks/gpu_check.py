@@ -348,12 +348,14 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--only", nargs="*", help="case names to run (default: all of the part)")
     parser.add_argument("--list", action="store_true", help="print the part's case names and stop")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_S,
+                        help=f"seconds after which no further case starts (default {DEADLINE_S})")
     a = parser.parse_args()
     if a.list:
         print("\n".join(c.__name__.removeprefix("case_") for c in PARTS[a.part]))
         return
     os.environ.setdefault("WANDB_MODE", "disabled")
-    results = run_part(a.part, a.out, a.only)
+    results = run_part(a.part, a.out, a.only, a.deadline)
     failed = [n for n, r in results.items() if r["status"] == "failed"]
     print(f"{a.part}: {len(results) - len(failed)} of {len(results)} cases not failed; failed: {failed or 'none'}")
 

@@ -11,7 +11,7 @@ trained here; or the Hugging Face directory --model) on the same prompts (the sy
 `digits` task) with matching settings: --prompts prompts x --n samples per step, responses up
 to --max-new tokens (comma-separated lists of --max-new and --n scan every pair: how the cost
 grows with long responses and large groups), temperature 1, one optimizer step per RL step, no KL term (TRL's default
-beta = 0), fp32 on the CPU, --threads torch threads (default: torch's own count). hflow runs as
+beta = 0), fp32 on the CPU (bf16 on a GPU: --device), --threads torch threads (default: torch's own count). hflow runs as
 users run it, `hflow train` in its own process (with the command's CPU thread settings,
 `cli/cpu_threads.py`); TRL runs in its own process with its defaults. With --engine vllm hflow
 also rescores the rollout before the update (the engine requires it), a pass TRL does not make.
@@ -55,7 +55,7 @@ def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
         f"trainer.prompts_per_step={a.prompts}", f"rollout.n={a.n}", f"rollout.max_response_length={a.max_new}",
         "grpo.kl_coef=0", f"actor.lr={a.lr}", f"actor.mini_batch_size={a.prompts * a.n}",
         f"actor.micro_batch_size={a.prompts * a.n}", "logging.samples_per_step=0", "logging.progress=lines",
-        f"rollout.engine={engine}",
+        f"rollout.engine={engine}", f"model.dtype={'bfloat16' if a.device == 'cuda' else 'float32'}",
         # One update per step is exactly on-policy: like TRL at num_iterations=1, no second scoring
         # pass (the vllm engine always rescores: it reports no entropy).
         f"actor.recompute_old_log_probs={'true' if engine == 'vllm' else 'false'}",
@@ -117,7 +117,8 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
         output_dir=a.out, per_device_train_batch_size=a.prompts * a.n, num_generations=a.n,
         max_completion_length=a.max_new, learning_rate=a.lr, max_steps=a.steps, beta=0.0, temperature=1.0,
         num_iterations=1, gradient_accumulation_steps=1, steps_per_generation=1, logging_steps=1,
-        report_to="none", save_strategy="no", use_cpu=True, bf16=False, shuffle_dataset=False,
+        report_to="none", save_strategy="no", use_cpu=a.device == "cpu", bf16=a.device == "cuda",
+        shuffle_dataset=False,
         lr_scheduler_type="constant", seed=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
@@ -125,9 +126,10 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
     trainer.train()
     w = a.warmup
     import resource  # the process's peak resident memory, as hflow's `memory/peak_bytes` on a CPU
+    peak = (torch.cuda.max_memory_allocated() if a.device == "cuda"  # and its GPU peak, as hflow's on a GPU
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return {"tokens_per_s": [t / s for t, s in zip(tokens[w:], clock.times[w:])],
-            "step_s": clock.times[w:], "rows": rows[w:],
-            "peak_bytes": [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]}
+            "step_s": clock.times[w:], "rows": rows[w:], "peak_bytes": [peak]}
 
 
 def build_model(out: str, size: str, tokenizer: str, context: int) -> Path:
@@ -171,8 +173,19 @@ def flop_params(model_dir: Path) -> int:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys() if "embed_tokens" not in name)
 
 
-def matmul_peak(env: dict) -> float:
-    code = "from hflow.trainer.control.bench import matmul_peak_flops; print(matmul_peak_flops())"
+CUDA_PEAK = """
+import time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+a @ b; torch.cuda.synchronize(); start = time.perf_counter()
+for _ in range(10): a @ b
+torch.cuda.synchronize(); print(2 * 8192**3 * 10 / (time.perf_counter() - start))
+"""
+
+
+def matmul_peak(env: dict, device: str = "cpu") -> float:
+    """The matrix-product peak measured here: fp32 on the CPU, bf16 on a GPU."""
+    code = CUDA_PEAK if device == "cuda" else \
+        "from hflow.trainer.control.bench import matmul_peak_flops; print(matmul_peak_flops())"
     return float(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
                                 text=True).stdout.split()[-1])
 
@@ -197,7 +210,7 @@ def one_run(name: str, model_dir: Path, out: str, a: argparse.Namespace, env: di
         cmd = hflow_command(str(model_dir), out, a)
     else:
         cmd = [sys.executable, __file__, "--run", "trl", "--model", str(model_dir), "--out", out,
-               *[f"--{k}={getattr(a, k.replace('-', '_'))}" for k in ("steps", "prompts", "max-new", "n", "warmup", "lr")]]
+               *[f"--{k}={getattr(a, k.replace('-', '_'))}" for k in ("steps", "prompts", "max-new", "n", "warmup", "lr", "device")]]
     with Busy(a.busy):
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if done.returncode != 0:
@@ -276,11 +289,17 @@ def main() -> None:
     parser.add_argument("--n", default="4", help="samples per prompt (GRPO's group); a comma list scans them")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
+    parser.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                        help="where both train (default: cuda where torch sees a GPU): fp32 on the CPU; on a GPU "
+                             "hflow's bf16 weights with fp32 masters and TRL's bf16 mixed precision")
     parser.add_argument("--busy", type=int, default=0, help="spinning processes beside every run")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--run", choices=["trl"], help=argparse.SUPPRESS)  # one TRL run (a child process)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     a = parser.parse_args()
+    if a.device is None:
+        import torch
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.steps <= a.warmup:
         parser.error(f"--steps must be more than --warmup {a.warmup} (the warm-up steps are dropped)")
     try:
@@ -292,7 +311,7 @@ def main() -> None:
         print(json.dumps(run_trl(a.model, a)))
         return
     env = {**os.environ, **({"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}), "WANDB_MODE": "disabled"}
-    peak = matmul_peak(env)
+    peak = matmul_peak(env, a.device)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         # Absolute: the TRL subprocess runs in the temporary folder.
@@ -306,9 +325,9 @@ def main() -> None:
                     if not a.json:
                         report(results[-1], one)
     if a.json:
-        print(json.dumps({"fp32_peak_flops_per_s": peak, "busy": a.busy, "engine": a.engine, "sizes": results}))
+        print(json.dumps({"peak_flops_per_s": peak, "busy": a.busy, "engine": a.engine, "device": a.device, "sizes": results}))
     else:
-        print(f"fp32 matrix-product peak here: {peak / 1e9:.0f} GFLOP/s; {a.busy} busy processes beside each run")
+        print(f"{'bf16' if a.device == 'cuda' else 'fp32'} matrix-product peak here: {peak / 1e9:.0f} GFLOP/s; {a.busy} busy processes beside each run")
 
 
 def report(r: dict, a: argparse.Namespace) -> None:

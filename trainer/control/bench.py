@@ -83,20 +83,23 @@ def bench_step(recipe: Recipe, steps: int) -> dict:
         events = run.events()[1:] or run.events()
     stages = sorted({k for e in events for k in e if k.startswith("timing/")})
     params = _parameter_count(recipe)
+    acct = account(events, recipe)
     return {
         "actor_update_flops_per_s": update_flops(events, params),
-        "fp32_matmul_peak_flops_per_s": matmul_peak_flops(),
+        # on the recipe's device and in its dtype (a GPU's bf16, not the host's fp32)
+        "matmul_peak_flops_per_s": acct["peaks"]["matmul_1024_flops_per_s"],
+        "matmul_peak_dtype": acct["peaks"]["dtype"],
         "steps": len(events),
         "tokens_per_s": statistics.median(e["throughput/tokens_per_s"] for e in events),
         "step_s": statistics.median(e["timing/step"] for e in events),
         "stages_s": {k.removeprefix("timing/"): statistics.median(e.get(k, 0.0) for e in events) for k in stages},
         "peak_bytes": max(e.get("memory/peak_bytes", 0.0) for e in events),
-        "account": account(events, recipe),
+        "account": acct,
     }
 
 
 def matmul_peak_flops(size: int = 1024, repeats: int = 10) -> float:
-    """This machine's measured fp32 matrix-product rate (FLOP/s): the ceiling for training."""
+    """This host's measured fp32 matrix-product rate on the CPU (FLOP/s)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     a @ b  # warm-up
     start = time.perf_counter()
