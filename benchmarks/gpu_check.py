@@ -14,7 +14,8 @@ engine   the bugs a first GPU run hits (issue "Ready for the first GPU"), one ca
          environment (device, dtype choice), `pytest -m gpu`, bf16 ZeRO-0 checkpoint and resume,
          ZeRO-2 offload in rollout then checkpoint and resume, ZeRO-3 (partitioned load, sharded
          reference, gathered rollout), host memory of a checkpoint save, prefill logits memory,
-         the hybrid engine's memory budget per phase
+         the hybrid engine's memory budget per phase, the bf16 log-prob gap between the sampler
+         and the trainer (and a run on the sampler's log-probs with truncated importance sampling)
 train    a tiny recipe that must learn; SmolLM2-135M- and Qwen2.5-0.5B-shaped Llamas (built here,
          random weights) in bf16 under ZeRO 0 and 2: step time, tokens/s, peak memory, finite
          loss, weights moved
@@ -206,6 +207,49 @@ def case_prefill_logits(cwd: Path) -> dict:
             "ok": peak < full_logits}
 
 
+def logprob_gap(model_dir: Path, device: str, dtype, prompts: int = 32, n: int = 4, new: int = 128) -> dict:
+    """The generator's per-token log-probs (incremental decoding with a KV cache, as sampled)
+    against the trainer's scoring pass over the same rows (one forward over the whole sequence):
+    in bf16 the two sum in different orders, so a run that trusts the sampler's log-probs as
+    pi_old (`actor.recompute_old_log_probs: false`) sees importance ratios off 1 on-policy."""
+    import torch
+
+    from hflow.engine import columns as col
+    from hflow.engine.groups.batch import Batch
+    from hflow.engine.models.loading import load_causal_lm
+    from hflow.engine.rollout.generation import HFGenerator, SamplingParams
+    from hflow.engine.training.logprobs import response_log_probs
+
+    model = load_causal_lm(str(model_dir), dtype).to(device)
+    generator = HFGenerator(model, [2], 0, prompts * n)
+    rows = [[3 + (i * 7 + j) % 50 for j in range(16 + i % 16)] for i in range(prompts)]
+    out = generator.generate(rows, n, SamplingParams(new), torch.Generator(device).manual_seed(0))
+    with torch.no_grad():
+        scored, _ = response_log_probs(model, Batch(dict(out)), 1.0)
+    mask = out[col.RESPONSE_MASK].bool()
+    gap = (scored - out[col.ROLLOUT_LOG_PROBS].float())[mask].abs()
+    ratio = (scored - out[col.ROLLOUT_LOG_PROBS].float())[mask].exp()
+    return {"tokens": int(mask.sum()), "mean_abs": float(gap.mean()), "max_abs": float(gap.max()),
+            "ratio_outside_0.8_1.2": float(((ratio < 0.8) | (ratio > 1.2)).float().mean())}
+
+
+def case_logprob_mismatch(cwd: Path) -> dict:
+    """The sampler-trainer log-prob gap in bf16 on both shapes; then `grpo/quickstart` with the
+    sampler's log-probs as the behaviour policy and truncated importance sampling
+    (`actor.off_policy_correction: tis`): it must stay finite and learn."""
+    import torch
+
+    out = {name: logprob_gap(shaped_model(name, cwd.parent / f"model-{name}"), "cuda", torch.bfloat16)
+           for name in ("smollm2-135m", "qwen2.5-0.5b")}
+    _, ev = train(cwd, "grpo/quickstart", *sets(trainer__total_steps=30, trainer__save_every=0,
+                                                model__dtype="bfloat16", actor__off_policy_correction="tis"))
+    first, last = (sum(e["reward/mean"] for e in part) / len(part) for part in (ev[:3], ev[-5:]))
+    finite = all(math.isfinite(e["actor/loss"]) for e in ev)
+    out["tis_run"] = {"reward_first_3": first, "reward_last_5": last, "loss_finite": finite}
+    out["ok"] = finite and last > first + 0.3
+    return out
+
+
 def case_switch_budget(cwd: Path) -> dict:
     model = shaped_model("smollm2-135m", cwd.parent / "model-smollm2")
     out = {}
@@ -310,7 +354,7 @@ def case_vs_trl(cwd: Path) -> dict:
 
 PARTS = {
     "engine": [case_environment, case_pytest_gpu, case_bf16_zero0_resume, case_offload_zero2_resume, case_zero3,
-               case_checkpoint_host_memory, case_prefill_logits, case_switch_budget],
+               case_checkpoint_host_memory, case_prefill_logits, case_switch_budget, case_logprob_mismatch],
     "train": [case_learns, case_smollm2_z0, case_smollm2_z2, case_qwen05_z0, case_qwen05_z2],
     "bench": [case_bench_rollout, case_bench_step, case_bench_switch, case_vs_trl],
 }

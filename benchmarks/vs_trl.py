@@ -3,18 +3,21 @@
     pip install -e '.[bench]'            # TRL is a benchmark-only dependency
     python benchmarks/vs_trl.py [--sizes tiny | small,medium,base] [--tokenizer char|bpe] [--model DIR]
                                 [--steps 12] [--rounds 2] [--engine hf|vllm] [--prompts 16] [--max-new 64[,256,...]]
-                                [--n 4[,16,...]] [--warmup 2] [--threads N] [--busy K] [--json]
+                                [--n 4[,16,...]] [--warmup 2] [--threads N] [--busy K] [--device cpu|cuda]
+                                [--checkpointing defaults|on|off] [--json]
 
 Both train the same model (a locally built Llama of each --sizes entry: tiny 0.1M, small 3.4M,
-medium 27M, base 85M parameters, with the character tokenizer or a 512-token byte-level BPE
-trained here; or the Hugging Face directory --model) on the same prompts (the synthetic
-`digits` task) with matching settings: --prompts prompts x --n samples per step, responses up
-to --max-new tokens (comma-separated lists of --max-new and --n scan every pair: how the cost
-grows with long responses and large groups), temperature 1, one optimizer step per RL step, no KL term (TRL's default
-beta = 0), fp32 on the CPU (bf16 on a GPU: --device), --threads torch threads (default: torch's own count). hflow runs as
-users run it, `hflow train` in its own process (with the command's CPU thread settings,
-`cli/cpu_threads.py`); TRL runs in its own process with its defaults. With --engine vllm hflow
-also rescores the rollout before the update (the engine requires it), a pass TRL does not make.
+medium 27M, base 85M parameters, with the character tokenizer or a 512-token byte-level BPE trained
+here; or the Hugging Face directory --model) on the same prompts (the synthetic `digits` task) with
+matching settings: --prompts prompts x --n samples per step, responses up to --max-new tokens
+(comma-separated lists of --max-new and --n scan every pair: how the cost grows with long responses
+and large groups), temperature 1, one optimizer step per RL step, no KL term (TRL's default beta =
+0), activation recomputation as each framework defaults (TRL's on, hflow's off; --checkpointing
+on|off sets both alike: the fair comparison of memory), fp32 on the CPU (bf16 on a GPU: --device),
+--threads torch threads (default: torch's own count). hflow runs as users run it, `hflow train` in
+its own process (with the command's CPU thread settings, `cli/cpu_threads.py`); TRL runs in its own
+process with its defaults. With --engine vllm hflow also rescores the rollout before the update (the
+engine requires it), a pass TRL does not make.
 
 Per run the figure is the median over its steps after --warmup warm-up steps; the two frameworks
 alternate in rounds (hflow, TRL, TRL, hflow, ...) because a shared machine's speed drifts.
@@ -56,6 +59,7 @@ def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
         "grpo.kl_coef=0", f"actor.lr={a.lr}", f"actor.mini_batch_size={a.prompts * a.n}",
         f"actor.micro_batch_size={a.prompts * a.n}", "logging.samples_per_step=0", "logging.progress=lines",
         f"rollout.engine={engine}", f"model.dtype={'bfloat16' if a.device == 'cuda' else 'float32'}",
+        f"model.gradient_checkpointing={'true' if a.checkpointing == 'on' else 'false'}",
         # One update per step is exactly on-policy: like TRL at num_iterations=1, no second scoring
         # pass (the vllm engine always rescores: it reports no entropy).
         f"actor.recompute_old_log_probs={'true' if engine == 'vllm' else 'false'}",
@@ -118,7 +122,7 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
         max_completion_length=a.max_new, learning_rate=a.lr, max_steps=a.steps, beta=0.0, temperature=1.0,
         num_iterations=1, gradient_accumulation_steps=1, steps_per_generation=1, logging_steps=1,
         report_to="none", save_strategy="no", use_cpu=a.device == "cpu", bf16=a.device == "cuda",
-        shuffle_dataset=False,
+        shuffle_dataset=False, gradient_checkpointing=a.checkpointing != "off",
         lr_scheduler_type="constant", seed=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
@@ -210,7 +214,8 @@ def one_run(name: str, model_dir: Path, out: str, a: argparse.Namespace, env: di
         cmd = hflow_command(str(model_dir), out, a)
     else:
         cmd = [sys.executable, __file__, "--run", "trl", "--model", str(model_dir), "--out", out,
-               *[f"--{k}={getattr(a, k.replace('-', '_'))}" for k in ("steps", "prompts", "max-new", "n", "warmup", "lr", "device")]]
+               *[f"--{k}={getattr(a, k.replace('-', '_'))}"
+                 for k in ("steps", "prompts", "max-new", "n", "warmup", "lr", "device", "checkpointing")]]
     with Busy(a.busy):
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if done.returncode != 0:
@@ -289,6 +294,9 @@ def main() -> None:
     parser.add_argument("--n", default="4", help="samples per prompt (GRPO's group); a comma list scans them")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
+    parser.add_argument("--checkpointing", default="defaults", choices=["defaults", "on", "off"],
+                        help="activation recomputation: each framework's default (TRL's GRPOConfig recomputes, "
+                             "hflow's model.gradient_checkpointing does not), or on / off for both alike")
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"],
                         help="where both train (default: cuda where torch sees a GPU): fp32 on the CPU; on a GPU "
                              "hflow's bf16 weights with fp32 masters and TRL's bf16 mixed precision")
@@ -325,9 +333,11 @@ def main() -> None:
                     if not a.json:
                         report(results[-1], one)
     if a.json:
-        print(json.dumps({"peak_flops_per_s": peak, "busy": a.busy, "engine": a.engine, "device": a.device, "sizes": results}))
+        print(json.dumps({"peak_flops_per_s": peak, "busy": a.busy, "engine": a.engine, "device": a.device,
+                          "checkpointing": a.checkpointing, "sizes": results}))
     else:
-        print(f"{'bf16' if a.device == 'cuda' else 'fp32'} matrix-product peak here: {peak / 1e9:.0f} GFLOP/s; {a.busy} busy processes beside each run")
+        dtype = "bf16" if a.device == "cuda" else "fp32"
+        print(f"{dtype} matrix-product peak here: {peak / 1e9:.0f} GFLOP/s; {a.busy} busy processes beside each run")
 
 
 def report(r: dict, a: argparse.Namespace) -> None:
