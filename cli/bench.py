@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from hflow.cli.quiet import quiet_libraries
-from hflow.trainer.config.load import check_runtime, load_recipe
+from hflow.trainer.config.load import load_recipe
+from hflow.trainer.control.preflight import check_runtime
 
 
 class What(str, Enum):
@@ -35,6 +36,7 @@ def bench(
     check_runtime(loaded, str(path), roles=None if what is What.step else ["actor"])
     # torch and the rest load only now: a mistake in the recipe is reported in a fraction of a second.
     from hflow.engine.models.loading import build_tiny_model
+    from hflow.trainer.algorithms.registry import trainer_for
     from hflow.trainer.control import bench as measure
     from hflow.trainer.control.bench_account import table as account_table
 
@@ -46,7 +48,7 @@ def bench(
     if what is What.rollout:
         result = measure.bench_rollout(loaded, repeats)
     elif what is What.step:
-        result = measure.bench_step(loaded, max(2, repeats))
+        result = measure.bench_step(loaded, max(2, repeats), trainer_for(loaded.algorithm))
     else:
         result = measure.bench_switch(loaded, repeats)
     result = {"what": what.value, "recipe": recipe, **result}

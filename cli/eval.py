@@ -10,7 +10,8 @@ import typer
 
 from hflow.cli.quiet import quiet_libraries
 from hflow.errors import UserError
-from hflow.trainer.config.load import check_runtime, load_recipe
+from hflow.trainer.config.load import load_recipe
+from hflow.trainer.control.preflight import check_runtime
 from hflow.trainer.rundir.layout import COMPLETE, TRAINER_STATE
 
 

@@ -15,12 +15,12 @@ from hflow.errors import RunFailed, UserError
 from hflow.trainer.config.load import (
     absolute_paths,
     build_recipe,
-    check_runtime,
     load_recipe,
     parse_overrides,
     read_yaml,
 )
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.preflight import check_runtime
 from hflow.trainer.stop import is_stop, stop_exit_code, stop_message, stop_signals
 from hflow.trainer.rundir.layout import FINAL, RECIPE
 

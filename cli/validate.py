@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from hflow.trainer.config.load import check_runtime, load_recipe
+from hflow.trainer.config.load import load_recipe
+from hflow.trainer.control.preflight import check_runtime
 
 
 def validate(

@@ -178,6 +178,67 @@ def test_no_import_cycle():
         pytest.fail("import cycle: " + " -> ".join(cycle) + "\n" + "\n".join(hops))
 
 
+# Inside a package, sub-packages import one way: each may import its own floor and the floors
+# below it, never one above. "" is the package's own modules (engine/columns.py, trainer/stop.py):
+# the ground floor every sub-package stands on.
+FLOORS = {
+    "engine": ["", "groups", "models", "training", "rollout", "workers"],
+    "trainer": ["", "config", "data", "rundir", "report", "control", "algorithms"],
+}
+
+
+def _floor(module: str, package: str) -> str | None:
+    """The floor of `module` inside hflow.`package`, or None when it lies outside the package."""
+    parts = module.split(".")
+    if parts[:2] != ["hflow", package] or len(parts) < 3:
+        return None
+    return parts[2] if len(parts) > 3 else ""
+
+
+def upward_imports(files: list[Path], modules: set[str], floors: dict[str, list[str]],
+                   root: Path = ROOT) -> list[str]:
+    """Every import that points up a package's floors (or into a sub-package no floor names)."""
+    bad = []
+    for path in files:
+        importer = module_name(path, root)
+        for package, order in floors.items():
+            here = _floor(importer, package)
+            if here is None:
+                continue
+            for imp in imports_of(path, modules, root):
+                there = _floor(imp.target, package)
+                if there is None or there == here:
+                    continue
+                if here not in order or there not in order or order.index(there) > order.index(here):
+                    bad.append(f"{path.relative_to(root)}:{imp.line}: {imp.text}  "
+                               f"({package}: {here or 'ground floor'} -> {there or 'ground floor'})")
+    return bad
+
+
+def test_upward_imports_are_found(tmp_path):
+    for folder in ("low", "high"):
+        (tmp_path / "pkg" / folder).mkdir(parents=True)
+    (tmp_path / "pkg" / "base.py").write_text("from hflow.pkg.high import h\n")
+    (tmp_path / "pkg" / "low" / "l.py").write_text("import hflow.pkg.base\n")
+    (tmp_path / "pkg" / "high" / "h.py").write_text("def f():\n    from hflow.pkg.low import l\n")
+    files = sorted((tmp_path / "pkg").rglob("*.py"))
+    modules = {module_name(p, tmp_path) for p in files} | {"hflow.pkg", "hflow.pkg.low", "hflow.pkg.high"}
+    found = upward_imports(files, modules, {"pkg": ["", "low", "high"]}, root=tmp_path)
+    assert found == ["pkg/base.py:1: from hflow.pkg.high import h  (pkg: ground floor -> high)"]
+    assert len(upward_imports(files, modules, {"pkg": ["", "high", "low"]}, root=tmp_path)) == 2
+
+
+def test_sub_packages_import_one_way():
+    files = package_files()
+    for package, order in FLOORS.items():
+        found = {p.relative_to(ROOT / package).parts[0] for p in files
+                 if p.relative_to(ROOT).parts[0] == package and len(p.relative_to(ROOT / package).parts) > 1}
+        assert found == set(order[1:]), f"{package}/'s sub-packages {sorted(found)} are not all in FLOORS"
+    bad = upward_imports(files, {module_name(p) for p in files}, FLOORS)
+    assert not bad, ("an import points up a package's floors (FLOORS: ground floor first); move the "
+                     "shared piece down instead:\n" + "\n".join(bad))
+
+
 def test_files_under_line_budget():
     long = [f"{_rel(p)}: {n} lines" for p in package_files()
             if (n := len(p.read_text().splitlines())) >= MAX_FILE_LINES]

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from hflow.cli.app import app
 from hflow.errors import UserError
-from hflow.trainer.config.load import check_runtime, load_recipe, shipped_recipes
+from hflow.trainer.config.load import load_recipe, shipped_recipes
+from hflow.trainer.control.preflight import check_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = [p.parent for p in ROOT.rglob("__init__.py")

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.engine.rollout.assembly import positions
-from hflow.engine.training.packing import pad_rollout
+from hflow.engine.padding import pad_rollout, positions
 
 
 def widths(batch: Batch) -> tuple[int, int]:

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from hflow.engine.workers.config import LoraSpec
+from hflow.engine.specs import LoraSpec
 from hflow.errors import UserError
 
 ADAPTER = "default"  # peft's name of the one adapter hflow trains

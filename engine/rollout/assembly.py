@@ -16,21 +16,7 @@ from __future__ import annotations
 import torch
 
 from hflow.engine import columns as col
-
-
-def positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids for a left-padded attention mask (padding gets position 0)."""
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def pad_rows(rows: list[list], fill: float | int, dtype: torch.dtype) -> torch.Tensor:
-    """Ragged rows right-padded with `fill` into one (len(rows), max(1, longest)) tensor."""
-    width = max([1, *map(len, rows)])
-    out = torch.full((len(rows), width), fill, dtype=dtype)
-    for row, values in enumerate(rows):
-        if values:
-            out[row, :len(values)] = torch.as_tensor(values, dtype=dtype)
-    return out
+from hflow.engine.padding import positions
 
 
 def assemble_rollout(prompts: list[list[int]], responses: torch.Tensor, lengths: torch.Tensor,

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from hflow.engine import work_meter
 from hflow.engine.lm_head import logits_kwargs
-from hflow.engine.rollout.assembly import assemble_rollout, positions
+from hflow.engine.padding import positions
+from hflow.engine.rollout.assembly import assemble_rollout
 from hflow.engine.rollout.fast_decode import FastDecoder, supports
 
 

@@ -15,10 +15,10 @@ import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
+from hflow.engine.padding import pad_rollout
 from hflow.engine.rollout.generation import SamplingParams
 from hflow.engine.seeding import stream_seed
-from hflow.engine.training.packing import pad_rollout
-from hflow.engine.workers.config import RolloutSpec
+from hflow.engine.specs import RolloutSpec
 
 
 def sampling_for(prompts: Batch, rollout: RolloutSpec, seed: int, rank: int,

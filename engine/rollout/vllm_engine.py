@@ -78,7 +78,8 @@ from typing import Any, Iterable
 
 import torch
 
-from hflow.engine.rollout.assembly import assemble_rollout, pad_rows
+from hflow.engine.padding import pad_rows
+from hflow.engine.rollout.assembly import assemble_rollout
 from hflow.engine.rollout.generation import SamplingParams
 from hflow.engine.rollout.vllm_setup import (
     drop_benign_warnings,

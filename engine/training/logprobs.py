@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.lm_head import can_head_at, head_at, logits_kwargs, model_behind
-from hflow.engine.rollout.assembly import positions
+from hflow.engine.padding import positions
 from hflow.engine.training.lockstep import agreed, several_ranks
 from hflow.engine.training.token_logprobs import token_log_probs
 

@@ -17,10 +17,10 @@ import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
+from hflow.engine.padding import SEQUENCE_KEYS
 from hflow.engine.training.lockstep import agreed
 from hflow.engine.training.logprobs import prompt_groups
 
-SEQUENCE_KEYS = (col.INPUT_IDS, col.ATTENTION_MASK, col.POSITION_IDS)
 
 
 def real_response_lengths(batch: Batch) -> torch.Tensor:
@@ -178,28 +178,6 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
         micro.meta["share_prompts"] = cut.func is prompt_group_cut
         micro.meta["lockstep"] = lockstep
     return micros
-
-
-def pad_rollout(out: dict[str, torch.Tensor], prompt_width: int, response_width: int,
-                pad_token_id: int) -> dict[str, torch.Tensor]:
-    """A generator's output widened to `prompt_width + response_width` columns: prompts padded
-    on the left, responses on the right (so data-parallel ranks can agree on one shape)."""
-    width_r = out[col.RESPONSE_MASK].shape[1]
-    width_p = out[col.ATTENTION_MASK].shape[1] - width_r
-    left, right = prompt_width - width_p, response_width - width_r
-    if left == 0 and right == 0:
-        return out
-    fill = {col.INPUT_IDS: pad_token_id, col.RESPONSES: pad_token_id}
-    padded = {}
-    for key, t in out.items():
-        value = fill.get(key, 0)
-        if key in SEQUENCE_KEYS:
-            padded[key] = torch.nn.functional.pad(t, (left, right), value=value)
-        elif t.dim() >= 2 and t.shape[1] == width_r:
-            padded[key] = torch.nn.functional.pad(t, (0, right), value=value)
-        else:
-            padded[key] = t
-    return padded
 
 
 def global_token_count(mask: torch.Tensor, world_size: int, device) -> float:

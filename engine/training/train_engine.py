@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
+from hflow.engine.specs import OptimSpec
 from hflow.engine.training.master_state import MOMENTS, MasterState
 from hflow.engine.training.tensor_file import TensorFileWriter, TensorSpec
-from hflow.engine.workers.config import OptimSpec
 
 
 def lr_lambda(cfg: OptimSpec, total_steps: int):

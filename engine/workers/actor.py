@@ -38,6 +38,7 @@ from hflow.engine.rollout.rollout_batch import rollout_batch, sampling_for
 from hflow.engine.rollout.vllm_engine import VLLMGenerator
 from hflow.engine.rollout.weight_sync import PackedBucket, bucket_count, weight_buckets
 from hflow.engine.seeding import seed_update
+from hflow.engine.specs import ActorSpec
 from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
 from hflow.engine.training.losses import (
     aggregate,
@@ -51,7 +52,6 @@ from hflow.engine.training.losses import (
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.training.zero3 import is_partitioned, partitioned_load
-from hflow.engine.workers.config import ActorSpec
 
 
 class ActorWorker(Worker):

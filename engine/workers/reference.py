@@ -12,9 +12,9 @@ from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import load_causal_lm, resolve_dtype
+from hflow.engine.specs import ReferenceSpec
 from hflow.engine.training.logprobs import batched_log_probs
 from hflow.engine.training.zero3 import frozen_engine, is_partitioned, partitioned_load
-from hflow.engine.workers.config import ReferenceSpec
 
 
 class ReferenceWorker(Worker):

@@ -23,10 +23,10 @@ from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.groups.worker import Worker
 from hflow.engine.models.loading import load_tokenizer, resolve_dtype
 from hflow.engine.models.score_model import last_token_scores, load_score_model
-from hflow.engine.rollout.assembly import positions
+from hflow.engine.padding import positions
+from hflow.engine.specs import ScorerSpec
 from hflow.engine.training.lockstep import agreed, several_ranks
 from hflow.engine.training.zero3 import frozen_engine, is_partitioned, partitioned_load
-from hflow.engine.workers.config import ScorerSpec
 from hflow.engine.workers.function_scores import call_scorer
 
 # Columns the worker itself adds or reads; the rest go to the reward function.

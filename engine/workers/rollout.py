@@ -27,8 +27,8 @@ from hflow.engine.rollout.generator_copy import GeneratorCopy
 from hflow.engine.rollout.vllm_copy import VLLMCopy
 from hflow.engine.rollout.rollout_batch import rollout_batch, sampling_for
 from hflow.engine.rollout.weight_sync import PackedBucket
+from hflow.engine.specs import ActorSpec
 from hflow.engine.workers.actor import create_vllm
-from hflow.engine.workers.config import ActorSpec
 
 
 class RolloutWorker(Worker):

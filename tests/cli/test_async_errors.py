@@ -62,7 +62,7 @@ def test_the_outcome_algorithms_accept_async_mode(recipe):
 
 
 def test_every_algorithm_is_either_run_asynchronously_or_refused_with_a_reason():
-    from hflow.trainer.algorithms.roles import ALGORITHMS
+    from hflow.trainer.roles import ALGORITHMS
     from hflow.trainer.config.recipe import ASYNC_ALGORITHMS, ASYNC_UNSUPPORTED
 
     assert set(ASYNC_ALGORITHMS) | set(ASYNC_UNSUPPORTED) == set(ALGORITHMS)

@@ -9,7 +9,8 @@ import yaml
 from helpers import assert_one_line_error, run_hflow
 from hflow.errors import UserError
 from hflow.mapper.workload import ROLES, workload_from_recipe
-from hflow.trainer.config.load import build_recipe, check_runtime, load_recipe
+from hflow.trainer.config.load import build_recipe, load_recipe
+from hflow.trainer.control.preflight import check_runtime
 from hflow.trainer.control.memory_check import check_memory
 
 LLAMA7 = "meta-llama/Llama-2-7b-hf"  # in the mapper's catalog: a hub id is enough, nothing is read

@@ -87,7 +87,7 @@ def test_tensor_parallel_size_must_divide_the_actor_ranks(tiny_model):
 
 def test_expandable_segments_conflict_with_sleep_mode(tiny_model, monkeypatch):
     import hflow.engine.rollout.vllm_setup as vllm_setup
-    from hflow.trainer.config.load import check_runtime
+    from hflow.trainer.control.preflight import check_runtime
 
     recipe = build_recipe({"model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits"},
                            "rollout": {"engine": "vllm"}}, {}, "r.yaml")

@@ -21,7 +21,7 @@ from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
-from hflow.engine.training.packing import pad_rollout
+from hflow.engine.padding import pad_rollout
 from hflow.trainer.algorithms.grpo import compute_advantages
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.session import Session

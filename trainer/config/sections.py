@@ -7,8 +7,8 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hflow.trainer.data import reward_defaults
-from hflow.trainer.data.rewards import BUILTINS
+from hflow.trainer import reward_defaults
+from hflow.trainer.reward_defaults import BUILTIN_NAMES
 
 
 class Section(BaseModel):
@@ -132,9 +132,9 @@ class ActorConfig(OptimConfig):
 
 def _function_spec(value: Optional[str]) -> Optional[str]:
     """A reward or cost function: a built-in name or `module:function` (imported when the run starts)."""
-    if value is None or value in BUILTINS or (":" in value and all(value.partition(":")[::2])):
+    if value is None or value in BUILTIN_NAMES or (":" in value and all(value.partition(":")[::2])):
         return value
-    raise ValueError(f"not a built-in ({', '.join(BUILTINS)}) and not of the form module:function")
+    raise ValueError(f"not a built-in ({', '.join(BUILTIN_NAMES)}) and not of the form module:function")
 
 
 class RewardConfig(Section):

@@ -1,5 +1,5 @@
 """Does one training step fit? `hflow validate` and the start of `hflow train` ask
-(`config.load.check_runtime`), before anything is allocated.
+(`control/preflight.py`), before anything is allocated.
 
 Sizes a schema accepts one by one can still be impossible together: `prompts_per_step:
 1000000000` or `max_response_length: 1000000000` would pass and then grow until the machine runs

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from typing import Callable
 
 import torch
 
@@ -17,7 +18,6 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
-from hflow.trainer.algorithms.registry import trainer_for
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.bench_account import account
 from hflow.trainer.control.placement import build_worker_groups
@@ -67,9 +67,10 @@ def bench_rollout(recipe: Recipe, repeats: int) -> dict:
             "tokens_per_s": statistics.median(r[2] / r[0] for r in rows)}
 
 
-def bench_step(recipe: Recipe, steps: int) -> dict:
-    """Full RL steps of the recipe's algorithm; medians over the steps after the first, and the
-    efficiency account of each phase (`bench_account.py`)."""
+def bench_step(recipe: Recipe, steps: int, train: Callable[[Recipe, RunDir], None]) -> dict:
+    """Full RL steps of the recipe's algorithm, run by `train` (its program, which the caller
+    looks up: the algorithms sit above this layer); medians over the steps after the first, and
+    the efficiency account of each phase (`bench_account.py`)."""
     recipe.trainer.total_steps = steps
     recipe.trainer.save_every = 0
     recipe.logging.samples_per_step = 0
@@ -77,7 +78,7 @@ def bench_step(recipe: Recipe, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir.create(recipe, tmp)
         try:
-            trainer_for(recipe.algorithm)(recipe, run)
+            train(recipe, run)
         finally:
             run.close()
         events = run.events()[1:] or run.events()

@@ -1,5 +1,5 @@
 """Does a GPU recipe fit its devices as hflow runs it? `hflow validate` and the start of `hflow train`
-ask (`config.load.check_runtime`), before any model is loaded.
+ask (`control/preflight.py`), before any model is loaded.
 
 `hflow map` plans tensor and pipeline parallelism that hflow's engine does not execute. This check
 costs what the controller will start: the pools of `pools.pool_layout`, DeepSpeed ZeRO at each

@@ -1,4 +1,4 @@
-"""From a recipe to what each role's worker is told (`engine/workers/config.py`).
+"""From a recipe to what each role's worker is told (`engine/specs.py`).
 
 This is where the controller's choices are made once: the active algorithm's KL and clip,
 each critic's initial weights, a step's mini-batch and the run's optimizer steps, and the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hflow.engine.workers.config import (
+from hflow.engine.specs import (
     ActorSpec,
     CriticSpec,
     LoraSpec,

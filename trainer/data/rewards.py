@@ -15,7 +15,8 @@ import re
 from typing import Callable
 
 from hflow.errors import UserError, first_line
-from hflow.trainer.data import reward_defaults, tasks
+from hflow.trainer import reward_defaults
+from hflow.trainer.data import tasks
 
 RewardFn = Callable[..., list[float]]
 _final_answer = tasks.final_answer

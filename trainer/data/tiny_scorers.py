@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from hflow.engine import columns as col
 from hflow.engine.models.loading import TINY_CHARS, build_tiny_score_model
 from hflow.engine.models.score_model import ScoreModel, last_token_scores
-from hflow.engine.rollout.assembly import positions
+from hflow.engine.padding import positions
 from hflow.errors import UserError
 from hflow.trainer.data import tasks
 

@@ -9,7 +9,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.models.loading import load_causal_lm, load_tokenizer
 from hflow.engine.models.lora import apply_lora, merged_state
 from hflow.engine.training.logprobs import batched_log_probs
-from hflow.engine.workers.config import LoraSpec
+from hflow.engine.specs import LoraSpec
 from hflow.errors import UserError
 from hflow.trainer.config.load import build_recipe
 from hflow.trainer.control.placement import build_worker_groups

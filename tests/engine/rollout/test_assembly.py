@@ -2,7 +2,8 @@
 
 import torch
 
-from hflow.engine.rollout.assembly import assemble_rollout, pad_rows
+from hflow.engine.padding import pad_rows
+from hflow.engine.rollout.assembly import assemble_rollout
 
 
 def test_ragged_rows_are_right_padded_and_masked():

@@ -103,7 +103,7 @@ def _grouped_batch(tiny_model):
     out = engine.generate(prompts, 3, SamplingParams(12), torch.Generator().manual_seed(4))
     single = engine.generate([tok("say q: ", add_special_tokens=False).input_ids], 1, SamplingParams(12),
                              torch.Generator().manual_seed(5))
-    from hflow.engine.training.packing import pad_rollout
+    from hflow.engine.padding import pad_rollout
 
     width_p = max(o["attention_mask"].shape[1] - o["response_mask"].shape[1] for o in (out, single))
     width_r = max(o["response_mask"].shape[1] for o in (out, single))

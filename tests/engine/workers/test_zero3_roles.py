@@ -7,7 +7,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.models.loading import build_tiny_score_model
 from hflow.engine.training.zero3 import is_partitioned
-from hflow.engine.workers.config import ModelSpec, ReferenceSpec, ScorerSpec
+from hflow.engine.specs import ModelSpec, ReferenceSpec, ScorerSpec
 from hflow.engine.workers.reference import ReferenceWorker
 from hflow.engine.workers.reward import RewardWorker
 

@@ -7,7 +7,8 @@ import pytest
 from helpers import assert_one_line_error, run_hflow, write_recipe
 from hflow.errors import UserError
 from hflow.trainer.config import step_memory
-from hflow.trainer.config.load import build_recipe, check_runtime
+from hflow.trainer.config.load import build_recipe
+from hflow.trainer.control.preflight import check_runtime
 from hflow.trainer.config.step_memory import ModelDims, StepMemory
 
 

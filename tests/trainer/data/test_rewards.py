@@ -7,7 +7,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.config.sections import RewardConfig
-from hflow.trainer.data.rewards import exact_match, load_reward_fn, synthetic_cost
+from hflow.trainer.data.rewards import BUILTINS, exact_match, load_reward_fn, synthetic_cost
 
 
 def test_format_reward_uses_the_recipe_pattern():
@@ -62,3 +62,11 @@ def test_a_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch, source
     line = str(err.value)
     assert line.startswith("cost.function 'broken_reward_mod:fn': importing module 'broken_reward_mod' raised " + raised)
     assert "\n" not in line
+
+
+def test_the_schema_accepts_exactly_the_built_in_rewards():
+    """The recipe schema checks names against `reward_defaults.BUILTIN_NAMES` (it may not import
+    the data layer); the functions live in `rewards.BUILTINS`: the two lists must agree."""
+    from hflow.trainer.reward_defaults import BUILTIN_NAMES
+
+    assert tuple(BUILTINS) == BUILTIN_NAMES

@@ -3,8 +3,8 @@ import typing
 import pytest
 
 from hflow.trainer.algorithms.registry import trainer_for
-from hflow.trainer.algorithms.roles import ALGORITHMS
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.roles import ALGORITHMS
 
 
 def test_the_table_names_every_algorithm_the_schema_accepts():
