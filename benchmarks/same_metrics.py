@@ -20,7 +20,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPES = ["grpo/quickstart", "grpo/quickstart_ray_split", "ppo/tiny", "remax/tiny", "safe_rlhf/tiny"]
+# Every tiny recipe both trees ship.
+RECIPES = ["grpo/quickstart", "grpo/quickstart_ray_split", "grpo/tiny_async", "grpo/tiny_calculator",
+           "grpo/tiny_lora", "ppo/tiny", "remax/tiny", "safe_rlhf/tiny", "rloo/tiny", "reinforce_pp/tiny",
+           "reinforce_pp/tiny_baseline", "dapo/tiny", "gspo/tiny"]
 VOLATILE = ("timing/", "throughput/", "memory/", "time")
 
 

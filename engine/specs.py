@@ -104,7 +104,7 @@ class ActorSpec:
     recompute_old_log_probs: bool
     offload_in_rollout: bool
     seed: int
-    policy_loss: str = "ppo"  # "ppo" (per-token ratio) or "gspo" (per-sequence ratio): engine/training/losses.py
+    policy_loss: str = "ppo"  # a name in engine/training/losses.py: POLICY_LOSSES
     loss_agg_mode: str = "token-mean"  # losses.aggregate's mode, for the policy and KL terms
     lora: Optional[LoraSpec] = None  # None: the whole model trains
     off_policy_correction: str = "none"  # losses.behaviour_weights' mode: none, tis, decoupled

@@ -43,10 +43,9 @@ from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response
 from hflow.engine.training.losses import (
     aggregate,
     behaviour_weights,
-    gspo_policy_loss,
     kl_estimate,
     masked_mean,
-    ppo_policy_loss,
+    policy_loss,
     sequence_behaviour_weights,
 )
 from hflow.engine.training.packing import global_token_count, micro_batches
@@ -292,7 +291,7 @@ class ActorWorker(Worker):
     def _loss_divisor(self, mask: torch.Tensor) -> float:
         """What a mini-batch's loss is divided by, over the whole data-parallel group: its response
         tokens (token-mean), else its sequences with a response token (the seq-mean modes, GSPO)."""
-        if self.spec.loss_agg_mode == "token-mean" and self.spec.policy_loss == "ppo":
+        if self.spec.loss_agg_mode == "token-mean" and not policy_loss(self.spec.policy_loss).per_sequence:
             return global_token_count(mask, self.world_size, self.device)
         return global_token_count((mask.sum(-1) > 0).float(), self.world_size, self.device)
 
@@ -305,13 +304,9 @@ class ActorWorker(Worker):
         normalizer = divisor / self.world_size
         horizon = s.rollout.max_response_length
         weights, weight_stats = self._off_policy_weights(micro, mask)
-        if s.policy_loss == "gspo":
-            pg_loss, pg_stats = gspo_policy_loss(log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask,
-                                                 *s.clip, normalizer=normalizer, weights=weights)
-        else:
-            pg_loss, pg_stats = ppo_policy_loss(log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask,
-                                                *s.clip, normalizer=normalizer, mode=s.loss_agg_mode, horizon=horizon,
-                                                weights=weights)
+        pg_loss, pg_stats = policy_loss(s.policy_loss).fn(
+            log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask, *s.clip, normalizer=normalizer,
+            mode=s.loss_agg_mode, horizon=horizon, weights=weights)
         loss = pg_loss
         stats = {"pg_loss": float(pg_loss.detach()), **pg_stats, **weight_stats}
         if use_kl:
@@ -337,7 +332,7 @@ class ActorWorker(Worker):
         if s.off_policy_correction == "none":
             return None, {}
         old, behaviour = micro[col.OLD_LOG_PROBS], micro[col.ROLLOUT_LOG_PROBS]
-        if s.policy_loss == "gspo":
+        if policy_loss(s.policy_loss).per_sequence:
             weights = sequence_behaviour_weights(old, behaviour, mask, s.off_policy_cap, s.off_policy_correction)
             return weights, {"off_policy_weight": float(weights.mean())}
         weights = behaviour_weights(old, behaviour, s.off_policy_cap, s.off_policy_correction)

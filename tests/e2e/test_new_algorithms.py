@@ -16,6 +16,7 @@ RECIPES = {
     "reinforce_pp/tiny": 0.3,
     "reinforce_pp/tiny_baseline": 0.3,
     "gspo/tiny": 0.3,
+    "cispo/tiny": 0.3,
     "dapo/tiny": 0.3,
 }
 COMPARED = ["reward/mean", "entropy/mean", "response_length/mean", "actor/loss", "actor/pg_loss",

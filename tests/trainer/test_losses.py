@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from hflow.trainer.losses import kl_estimate, masked_mean, ppo_policy_loss
+from hflow.trainer.losses import POLICY_LOSSES, cispo_policy_loss, kl_estimate, masked_mean, policy_loss, ppo_policy_loss
 
 
 def test_ppo_policy_loss_hand_computed():
@@ -83,3 +83,41 @@ def test_explained_variance_hand_computed():
     # Var(returns) = 14/9, Var(returns - values) = Var(0, 0, 1) = 2/9  ->  1 - 1/7
     assert explained_variance(values, returns, mask) == pytest.approx(6 / 7)
     assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+
+
+def test_cispo_hand_computed():
+    """r = exp(logp - old) = (e^0.5, e^-0.5, 1); the weight clip(r, 1 - 1.0, 1 + 0.28) caps only the
+    first at 1.28. Per token -w * A * logp with A = 2: (2.56, 2.42612, 1.0), token-mean 1.99537;
+    the gradient is -w * A / 3 on every token, the clipped one included."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old = torch.tensor([[-1.5, -1.5, -0.5]])
+    loss, stats = cispo_policy_loss(logp, old, torch.tensor([2.0]), torch.ones(1, 3), clip_low=1.0, clip_high=0.28)
+    assert float(loss.detach()) == pytest.approx((2.56 + 4 * math.exp(-0.5) + 1.0) / 3, abs=1e-6)
+    loss.backward()
+    expected = [-1.28 * 2 / 3, -math.exp(-0.5) * 2 / 3, -2 / 3]
+    assert logp.grad[0].tolist() == pytest.approx(expected, abs=1e-6)
+    assert stats["clipfrac"] == pytest.approx(1 / 3)
+    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_cispo_keeps_the_gradient_ppo_clips_away():
+    """A token whose ratio passed PPO's clip (with a positive advantage) gets no gradient from PPO;
+    CISPO's still pushes it, with the capped weight."""
+    logp = torch.tensor([[-1.0]], requires_grad=True)
+    old, adv, mask = torch.tensor([[-1.5]]), torch.tensor([1.0]), torch.ones(1, 1)
+    ppo_policy_loss(logp, old, adv, mask, 0.2, 0.2)[0].backward()
+    assert float(logp.grad) == 0.0
+    logp.grad = None
+    cispo_policy_loss(logp, old, adv, mask, 0.2, 0.2)[0].backward()
+    assert float(logp.grad) == pytest.approx(-1.2)  # the weight e^0.5 capped at 1.2, times A = 1
+
+
+def test_the_schema_offers_exactly_the_registered_policy_losses():
+    import typing
+
+    from hflow.trainer.config.algorithm_sections import PolicyLossName
+
+    assert typing.get_args(PolicyLossName) == tuple(POLICY_LOSSES)
+    assert [policy_loss(n).per_sequence for n in POLICY_LOSSES] == [False, True, False]
+    with pytest.raises(ValueError, match="accepted: ppo, gspo, cispo"):
+        policy_loss("grpo")

@@ -3,7 +3,9 @@
 Each step samples n responses per prompt, scores them, normalises the scores within
 each prompt's group, and takes PPO-clip steps on the policy, with a KL term to the
 frozen reference. There is no critic. GSPO (`gspo:`) runs this same program: its
-advantages are GRPO's, and its actor takes a sequence-level ratio (`losses.gspo_policy_loss`).
+advantages are GRPO's, and its actor takes a sequence-level ratio (`gspo.policy_loss: gspo`).
+Any registered policy loss (`losses.POLICY_LOSSES`) runs in this loop through
+`grpo.policy_loss`, e.g. CISPO's (`recipes/cispo/tiny.yaml`).
 RLOO and REINFORCE++ run the loop (`run_outcome_loop`) with their own advantages.
 """
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from hflow.trainer.config.sections import Section
 
 KLEstimator = Literal["k1", "k2", "k3", "abs"]  # engine/training/losses.py: kl_estimate
 # engine/training/losses.py: aggregate (verl's `loss_agg_mode` names)
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+# engine/training/losses.py: POLICY_LOSSES (a test holds the two equal)
+PolicyLossName = Literal["ppo", "gspo", "cispo"]
 KLCoef = Annotated[float, Field(ge=0)]
 ClipBound = Annotated[float, Field(ge=0)]
 
@@ -29,10 +31,16 @@ class KLSection(Section):
 
 
 class ClipSection(Section):
-    """The PPO ratio clip (Schulman et al. 2017): the ratio is kept in [1 - clip_low, 1 + clip_high]."""
+    """The actor's policy loss and its ratio clip (Schulman et al. 2017): the ratio is kept in
+    [1 - clip_low, 1 + clip_high]."""
 
-    clip_low: ClipBound = Field(0.2, description="PPO ratio clip below 1 (1 - clip_low).")
-    clip_high: ClipBound = Field(0.2, description="PPO ratio clip above 1 (1 + clip_high).")
+    policy_loss: PolicyLossName = Field(
+        "ppo", description="The actor's surrogate: ppo (PPO's clipped per-token ratio), gspo (a clipped "
+        "sequence-level ratio; Zheng et al. 2025, arXiv 2507.18071), cispo (REINFORCE on every token with "
+        "a clipped, stop-gradient importance weight; MiniMax-M1, arXiv 2506.13585)."
+    )
+    clip_low: ClipBound = Field(0.2, description="Ratio clip below 1 (1 - clip_low); cispo: of the weight.")
+    clip_high: ClipBound = Field(0.2, description="Ratio clip above 1 (1 + clip_high); cispo: of the weight.")
     loss_agg_mode: LossAggMode = Field(
         "token-mean", description="How the actor's per-token losses become one: token-mean (every token "
         "weighs the same; DAPO), seq-mean-token-mean (every sequence; the original GRPO), seq-mean-token-sum, "
@@ -187,6 +195,7 @@ class GSPOConfig(GRPOConfig):
     importance ratio (the per-token log-ratio's mean over the response, exponentiated)."""
 
     kl_coef: KLCoef = Field(0.0, description="Weight of the KL penalty to the reference policy (GSPO: none).")
+    policy_loss: PolicyLossName = Field("gspo", description="GSPO's sequence-level ratio (`grpo.policy_loss`).")
     clip_low: ClipBound = Field(3e-4, description="Sequence ratio clip below 1 (the paper: 3e-4).")
     clip_high: ClipBound = Field(4e-4, description="Sequence ratio clip above 1 (the paper: 4e-4).")
     loss_agg_mode: LossAggMode = Field(
@@ -194,9 +203,3 @@ class GSPOConfig(GRPOConfig):
         "(the mean over sequences) is defined."
     )
 
-    @model_validator(mode="after")
-    def _sequence_level(self) -> "GSPOConfig":
-        if self.loss_agg_mode != "seq-mean-token-mean":
-            raise ValueError(f"gspo.loss_agg_mode={self.loss_agg_mode} is not defined for GSPO, whose loss is "
-                             "one term per sequence; accepted: seq-mean-token-mean")
-        return self

@@ -189,6 +189,15 @@ class Recipe(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_policy_loss(self) -> "Recipe":
+        section = self.algorithm_spec.settings
+        cfg = getattr(self, section)
+        if cfg.policy_loss == "gspo" and cfg.loss_agg_mode != "seq-mean-token-mean":
+            raise ValueError(f"{section}.loss_agg_mode={cfg.loss_agg_mode} is not defined for {section}.policy_loss "
+                             "gspo, whose loss is one term per sequence; accepted: seq-mean-token-mean")
+        return self
+
+    @model_validator(mode="after")
     def _check_rollout_engine(self) -> "Recipe":
         """Combinations the generation engines cannot run (the environment is checked at start-up:
         `control/preflight.py`)."""
@@ -344,8 +353,8 @@ class Recipe(BaseSettings):
 
     @property
     def policy_loss(self) -> str:
-        """The actor's surrogate: GSPO's sequence-level ratio, else PPO's per-token one."""
-        return "gspo" if self.algorithm == "gspo" else "ppo"
+        """The active algorithm's policy loss (`engine/training/losses.py: POLICY_LOSSES`)."""
+        return getattr(self, self.algorithm_spec.settings).policy_loss
 
     @property
     def uses_reference(self) -> bool:
