@@ -12,13 +12,14 @@ from hflow.cli.quiet import quiet_libraries
 from hflow.errors import UserError
 from hflow.trainer.config.load import load_recipe
 from hflow.trainer.control.preflight import check_runtime
-from hflow.trainer.rundir.layout import COMPLETE, TRAINER_STATE
+from hflow.trainer.rundir.layout import CHECKPOINTS, COMPLETE, FINAL, TRAINER_STATE
 
 
 def eval_(
     recipe: Annotated[str, typer.Argument(help="Recipe file, or a shipped recipe name like grpo/smollm2-arithmetic.")],
     checkpoint: Annotated[Path, typer.Option(
-        help="A run's checkpoint (RUN/checkpoints/step_N) or a Hugging Face model directory (RUN/final).")],
+        help="A run folder (its final model, else its newest whole checkpoint), a run's checkpoint "
+             "(RUN/checkpoints/step_N) or a Hugging Face model directory (RUN/final).")],
     set_: Annotated[list[str], typer.Option("--set", help="Override a key: --set eval.n=4.")] = [],
 ) -> None:
     """Evaluate DIR on the recipe's `data.eval` with its `eval` sampling, reward and engine; print
@@ -40,7 +41,9 @@ def eval_(
 
 def _source(directory: Path, recipe) -> tuple[str | None, int]:
     """(checkpoint for the actor or None, step) of DIR; a model directory becomes `model.path`. A
-    checkpoint is verified first, as a resume does (`checkpoints.verify`): a damaged one is one line."""
+    checkpoint is verified first, as a resume does (`checkpoints.verify`): a damaged one is one line.
+    A run folder stands for its final model, or, before the run finished, its newest whole checkpoint."""
+    directory = _in_run(directory)
     if any((directory / name).exists() for name in (TRAINER_STATE, COMPLETE, "actor")):
         _check_checkpoint(directory)
         return str(directory), int(json.loads((directory / TRAINER_STATE).read_text())["step"])
@@ -50,6 +53,24 @@ def _source(directory: Path, recipe) -> tuple[str | None, int]:
         return None, recipe.trainer.total_steps
     raise UserError(f"--checkpoint {directory}: not a checkpoint (RUN/checkpoints/step_N with trainer_state.json "
                     "and actor/) nor a model directory (with config.json)")
+
+
+def _in_run(directory: Path) -> Path:
+    """What to evaluate of DIR when it is a run folder (else DIR itself), said on stderr."""
+    from hflow.trainer.rundir.checkpoints import newest_whole
+    from hflow.trainer.rundir.read import is_run_dir
+
+    if not is_run_dir(directory):
+        return directory
+    if (directory / FINAL / "config.json").is_file():
+        chosen = directory / FINAL
+    else:
+        chosen, _ = newest_whole(sorted((directory / CHECKPOINTS).glob("step_*")))
+        if chosen is None:
+            raise UserError(f"--checkpoint {directory}: the run has no {FINAL}/ model and no whole checkpoint "
+                            f"under {CHECKPOINTS}/ to evaluate")
+    typer.echo(f"evaluating {chosen}", err=True)
+    return chosen
 
 
 def _check_checkpoint(directory: Path) -> None:

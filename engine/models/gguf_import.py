@@ -101,6 +101,8 @@ def import_gguf(path: str | Path, out_dir: str | Path) -> Path:
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["torch_dtype"] = config["dtype"] = "float32"
+    # transformers leaves it empty for a GGUF import; tools that load by path (pipelines, TRL) need it
+    config["architectures"] = config.get("architectures") or [type(model).__name__]
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(_state_dict_once(model), out / "model.safetensors", metadata={"format": "pt"})
     tokenizer.save_pretrained(out)

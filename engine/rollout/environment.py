@@ -14,11 +14,11 @@ A user writes a class with two methods; a fresh instance plays each episode:
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 
-from hflow.errors import UserError, first_line
+from hflow.engine.user_code import import_named
+from hflow.errors import UserError
 
 KEY = "rollout.env"
 
@@ -39,17 +39,8 @@ class EpisodeLimits:
 
 def load_env_class(spec: str, key: str = KEY) -> type:
     """The class `module:Class` names, checked to have `reset` and `step`; a UserError otherwise."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise UserError(f"{key} {spec!r}: not of the form module:Class")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise UserError(f"{key} {spec!r}: cannot import module {module_name!r} ({err})") from None
-    except Exception as err:  # a SyntaxError, or anything the module raises while it loads
-        raise UserError(f"{key} {spec!r}: importing module {module_name!r} raised "
-                        f"{type(err).__name__}: {first_line(err)}") from err
-    cls = getattr(module, attr, None)
+    cls = import_named(spec, key, "module:Class")
+    module_name, _, attr = spec.rpartition(":")
     if not isinstance(cls, type):
         raise UserError(f"{key} {spec!r}: module {module_name!r} has no class {attr!r}")
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]

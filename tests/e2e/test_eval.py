@@ -70,7 +70,9 @@ def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model
     logged = {e["step"]: e for e in read_events(run)}
     recipe = str(run / "recipe.yaml")
     checkpoints = run / "checkpoints"
-    for directory, step in ((checkpoints / "step_000002", 2), (checkpoints / "step_000004", 4), (run / "final", 4)):
+    # the run folder itself stands for its final model
+    for directory, step in ((checkpoints / "step_000002", 2), (checkpoints / "step_000004", 4), (run / "final", 4),
+                            (run, 4)):
         result = run_hflow("eval", recipe, "--checkpoint", str(directory), cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         printed = dict(line.split() for line in result.stdout.splitlines() if line.startswith("eval/"))
@@ -79,6 +81,13 @@ def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model
         for key in printed:
             assert float(printed[key]) == pytest.approx(logged[step][key], abs=1e-4), (directory, key)
     assert logged[2]["eval/reward"] != logged[4]["eval/reward"]  # the comparison can tell policies apart
+    # a run folder without final/ (stopped early) stands for its newest whole checkpoint
+    (run / "final").rename(tmp_path / "final-elsewhere")
+    result = run_hflow("eval", recipe, "--checkpoint", str(run), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"evaluating {checkpoints / 'step_000004'}" in result.stderr
+    printed = dict(line.split() for line in result.stdout.splitlines() if line.startswith("eval/"))
+    assert float(printed["eval/reward"]) == pytest.approx(logged[4]["eval/reward"], abs=1e-4)
 
 
 def test_eval_bad_input_is_one_line(tmp_path, tiny_model):

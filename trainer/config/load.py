@@ -114,6 +114,7 @@ def load_recipe(spec: str, overrides: Iterable[str] = ()) -> tuple[Recipe, Path]
     path = resolve_recipe_path(spec)
     data = read_yaml(path)
     recipe = build_recipe(data, parse_overrides(overrides), str(path))
+    locate_code(recipe, [path.parent, Path.cwd()])
     if recipe.name is None:
         problem = run_name_problem(path.stem)
         if problem:
@@ -121,6 +122,30 @@ def load_recipe(spec: str, overrides: Iterable[str] = ()) -> tuple[Recipe, Path]
                             "in the recipe")
         recipe.name = path.stem
     return recipe, path
+
+
+# The recipe keys that name code as module:attr (`engine/user_code.py`).
+CODE_KEYS = ("reward.function", "cost.function", "rollout.env")
+
+
+def locate_code(recipe: Recipe, folders: list[Path]) -> None:
+    """Each of CODE_KEYS naming a module (one name, no dots) or a relative `file.py` found in one
+    of `folders` (the recipe's, then the current one) is rewritten to that file's absolute path,
+    `/abs/module.py:attr`, so that every worker imports the same file whatever its import path
+    and folder. Built-ins, dotted and installed modules, and absolute paths stay as they are."""
+    for key in CODE_KEYS:
+        section, name = key.split(".")
+        part = getattr(recipe, section)
+        spec = getattr(part, name)
+        module, sep, attr = (spec or "").rpartition(":")
+        if not sep or not module or Path(module).is_absolute():
+            continue
+        if not module.endswith(".py") and ("." in module or "/" in module):
+            continue
+        file = Path(module if module.endswith(".py") else module + ".py")
+        found = next((folder / file for folder in folders if (folder / file).is_file()), None)
+        if found is not None:
+            setattr(part, name, f"{os.path.abspath(found)}:{attr}")
 
 
 # The recipe keys that may name a local file or folder. A run directory keeps them absolute, so that

@@ -9,9 +9,11 @@ takes well under a second; nothing is loaded into a model or tokenizer.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 
+from hflow.engine import columns as col
 from hflow.engine.models.loading import check_model_source
 from hflow.engine.models.lora import check_folder_targets
 from hflow.engine.rollout import code_tool
@@ -20,6 +22,8 @@ from hflow.engine.rollout.environment import load_env_class
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.data.prompts import read_eval_rows, read_rows
+from hflow.trainer.data.rewards import load_reward_fn
+from hflow.trainer.reward_defaults import BUILTIN_NAMES
 
 log = logging.getLogger("hflow.sandbox")
 
@@ -38,10 +42,33 @@ def check_inputs(recipe: Recipe) -> None:
     if recipe.rollout.env:
         env_cls = load_env_class(recipe.rollout.env)  # a bad import path stops here, before any worker starts
         _check_code_sandbox(recipe, env_cls)
-    read_rows(recipe.data, recipe.seed, scoring_functions(recipe))
+    rows = read_rows(recipe.data, recipe.seed, scoring_functions(recipe))
+    _check_callable_on(recipe, rows[0])
     if recipe.data.eval:
         reward = scoring_functions(recipe).get("reward.function")
         read_eval_rows(recipe.data, reward, recipe.seed)
+
+
+def _check_callable_on(recipe: Recipe, row: dict) -> None:
+    """Each scoring function the recipe names as module:function imported now (a misspelt module
+    or function stops here, not in a worker) and checked to accept fn(prompts, responses,
+    **columns) with the data's columns (a function without **kwargs that does not name every
+    column would fail at the first step)."""
+    columns = sorted(k for k in row if k != col.PROMPT)
+    for key, spec in scoring_functions(recipe).items():
+        if spec in BUILTIN_NAMES:
+            continue
+        fn = load_reward_fn(spec, key)
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # no signature to read (a C function): it is called as it is
+            continue
+        try:
+            signature.bind([], [], **{c: [] for c in columns})
+        except TypeError as err:
+            raise UserError(f"{key} {spec!r}: cannot be called as fn(prompts, responses, **columns) with the "
+                            f"data's columns ({', '.join(columns) or 'none'}): {err}; name each column as a "
+                            "parameter or add **kwargs") from None
 
 
 def _check_code_sandbox(recipe: Recipe, env_cls: type) -> None:

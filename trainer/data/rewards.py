@@ -10,11 +10,11 @@ response. Scores are floats; the built-ins return values in [0, 1]. Safe-RLHF's
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 from typing import Callable
 
-from hflow.errors import UserError, first_line
+from hflow.engine.user_code import import_named
+from hflow.errors import UserError
 from hflow.trainer import reward_defaults
 from hflow.trainer.data import tasks
 
@@ -72,7 +72,8 @@ COLUMNS_READ: dict[str, tuple[str, ...]] = {"synthetic": ("task", "answer"), "ex
 
 
 def load_reward_fn(spec: str, key: str = "reward.function", cfg=None) -> RewardFn:
-    """A built-in name or `module:function` (the module must be importable). `key` names the
+    """A built-in name or `module:function` (`engine/user_code.py`: a module on the import path or a
+    .py file by its path). `key` names the
     recipe key in errors; `cfg` (the recipe's `reward` section) gives `format` its pattern and
     `length` its target."""
     if spec == "format":
@@ -87,18 +88,11 @@ def load_reward_fn(spec: str, key: str = "reward.function", cfg=None) -> RewardF
         return functools.partial(length, target=target)
     if spec in BUILTINS:
         return BUILTINS[spec]
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
+    if ":" not in spec:
         raise UserError(f"{key} {spec!r}: not a built-in ({', '.join(BUILTINS)}) "
                         "and not of the form module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise UserError(f"{key} {spec!r}: cannot import module {module_name!r} ({err})") from None
-    except Exception as err:  # a SyntaxError, or anything the module raises while it loads
-        raise UserError(f"{key} {spec!r}: importing module {module_name!r} raised "
-                        f"{type(err).__name__}: {first_line(err)}") from err
-    fn = getattr(module, attr, None)
+    fn = import_named(spec, key, "module:function")
     if not callable(fn):
+        module_name, _, attr = spec.rpartition(":")
         raise UserError(f"{key} {spec!r}: module {module_name!r} has no function {attr!r}")
     return fn

@@ -5,6 +5,7 @@ and compared logit for logit with the model it was written from; the real SmolLM
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -32,6 +33,8 @@ def test_import_reloads_with_the_written_weights(tmp_path, tied):
 
     config = (out / "config.json").read_text()
     assert "quantization_config" not in config
+    # named, so that tools loading by path (pipelines, TRL's GRPOTrainer(model=PATH)) find the class
+    assert json.loads(config)["architectures"] == ["LlamaForCausalLM"]
     with safe_open(out / "model.safetensors", "pt") as f:
         assert ("lm_head.weight" in f.keys()) == (not tied)  # tied embeddings stored once
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
