@@ -106,3 +106,24 @@ def safetensors_problem(path: Path) -> str | None:
     if size > layout.data_end:
         return f"has a {path.name} of {size} bytes where its header says {layout.data_end}"
     return None
+
+
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+def hub_problem(repo: str) -> str | None:
+    """Why the Hugging Face hub id `repo` cannot be loaded now, or None: it is in the local cache,
+    or the hub answers. Asked once before a run (transformers itself retries an unreachable hub
+    for about a minute, then fails with a long traceback)."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+    try:
+        HfApi().model_info(repo, timeout=HUB_PROBE_TIMEOUT_S)
+    except Exception as err:  # no network, no such repo, a gated one: each says so in its first line
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return f"is not in the local Hugging Face cache and the hub cannot give it ({type(err).__name__}: {first})"
+    return None

@@ -88,3 +88,17 @@ def test_a_reward_model_not_built_yet_is_named_before_any_download(tmp_path, tin
     recipe = write_recipe(tmp_path / "r.yaml", tiny_model, reward={"model": "models/tiny-reward-digits"})
     result = run_hflow("validate", str(recipe), cwd=tmp_path)
     assert_one_line_error(result, "reward.model", "models/tiny-reward-digits", "does not exist", "init-model")
+
+
+def test_a_hub_id_that_cannot_be_had_stops_at_once(tmp_path):
+    """A hub id neither cached nor reachable (offline here) is one line before anything starts,
+    not a minute of retries and a traceback; `train` leaves no run folder behind."""
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")}
+    hub = ["--set", "model.path=HuggingFaceTB/SmolLM2-135M-Instruct", "--set", "model.init=null"]
+    result = run_hflow("validate", "grpo/quickstart", *hub, cwd=tmp_path, env=offline)
+    assert_one_line_error(result, "model.path", "HuggingFaceTB/SmolLM2-135M-Instruct", "not in the local Hugging Face "
+                          "cache", "HF_HUB_OFFLINE", "hflow init-model")
+    result = run_hflow("train", "grpo/quickstart", *hub, "--output-dir", str(tmp_path / "runs"), cwd=tmp_path,
+                       env=offline)
+    assert_one_line_error(result, "model.path", "not in the local Hugging Face cache")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from hflow.engine import columns as col
+from hflow.engine.models.folder import hub_problem
 from hflow.engine.models.loading import check_model_source
 from hflow.engine.models.lora import check_folder_targets
 from hflow.engine.rollout import code_tool
@@ -38,6 +39,10 @@ def check_inputs(recipe: Recipe) -> None:
         if recipe.model.init and path == recipe.model.path and not Path(path).exists():
             continue  # `hflow train` builds it (model.init)
         check_model_source(path, key, tokenizer=role in OWN_TOKENIZER)
+        if not Path(path).exists() and (problem := hub_problem(path)):
+            raise UserError(f"{key}: '{path}' {problem}; give a local model folder (`hflow init-model "
+                            "smollm2-135m-instruct DIR` builds one offline), or download it first where there is a "
+                            "network (`huggingface-cli download ID`)")
         _check_lora_targets(recipe, role, path)
     if recipe.rollout.env:
         env_cls = load_env_class(recipe.rollout.env)  # a bad import path stops here, before any worker starts
