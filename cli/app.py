@@ -12,10 +12,12 @@ from hflow.cli.bench import bench
 from hflow.cli.map import map as map_command
 from hflow.cli.monitor import monitor
 from hflow.errors import UserError
+from hflow.trainer.roles import ALGORITHMS
 
 app = typer.Typer(
     name="hflow",
-    help="hflow: RLHF training (PPO, GRPO, ReMax, Safe-RLHF) on a single controller with hybrid-engine workers.",
+    help=f"hflow: RL training of language models ({', '.join(ALGORITHMS)}) on a single controller with "
+         "hybrid-engine workers.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -6,6 +6,8 @@ must run before any `import deepspeed`.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import ipaddress
 import logging
 import os
@@ -168,8 +170,11 @@ def ensure_process_group(device: torch.device, rank: int = 0, world_size: int = 
 
     if device.type == "cpu":
         build_cpu_comm_op()
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
-                               verbose=False)
+    # DeepSpeed's CPU backend prints "DeepSpeed deepspeed_shm_comm_op built successfully" on stdout
+    # as it loads that op, verbose=False or not: a line in every CPU run's output that says nothing.
+    with contextlib.redirect_stdout(io.StringIO()):
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
+                                   verbose=False)
 
 
 def build_cpu_comm_op() -> None:

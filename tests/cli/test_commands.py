@@ -144,3 +144,13 @@ def test_help_texts_come_from_docstrings(cli):
     assert "List the runs under DIR" in out and "[DIR]" in out
     out = cli("monitor", "--help").stdout
     assert "Watch a training run" in out and "[RUN_DIR]" in out
+
+
+def test_the_top_help_names_every_algorithm():
+    from typer.testing import CliRunner
+
+    from hflow.cli.app import app
+    from hflow.trainer.roles import ALGORITHMS
+
+    out = " ".join(CliRunner().invoke(app, ["--help"]).stdout.split())  # wrapped to the terminal
+    assert all(name in out for name in ALGORITHMS), out
