@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import PydanticBaseSettingsSource
 
 from hflow.errors import UserError
+from hflow.trainer.config.other_names import other_name_hint
 from hflow.trainer.config.recipe import Recipe, run_name_problem
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
@@ -200,7 +201,16 @@ def _schema_keys(loc: tuple) -> list[str]:
 
 
 def _explain(err: ValidationError, origin: str, data: dict, overrides: dict) -> str:
-    first = err.errors()[0]
+    """Every problem pydantic found, in one line (the first one first)."""
+    algorithm = str(overrides.get("algorithm") or data.get("algorithm") or "grpo")
+    problems = [_problem(e, origin, overrides, algorithm) for e in err.errors()]
+    if len(problems) == 1:
+        return problems[0]
+    rest = "; ".join(p.removeprefix(f"{origin}: ").removeprefix(f"{origin} ") for p in problems[1:])
+    return f"{problems[0]}; and {len(problems) - 1} more: {rest}"
+
+
+def _problem(first: dict, origin: str, overrides: dict, algorithm: str) -> str:
     loc = tuple(str(p) for p in first["loc"])
     key = ".".join(loc) or "(recipe)"
     in_set = bool(loc) and _lookup(overrides, loc)[0]
@@ -212,11 +222,15 @@ def _explain(err: ValidationError, origin: str, data: dict, overrides: dict) -> 
     if kind == "extra_forbidden":
         accepted = _schema_keys(loc[:-1])
         close = difflib.get_close_matches(loc[-1], accepted, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        return f"{where}: unknown key '{key}'; {hint}accepted here: {', '.join(accepted)}"
+        hint = other_name_hint(loc[-1], algorithm, accepted) or (f"did you mean '{close[0]}'?" if close else "")
+        return f"{where}: unknown key '{key}'; {hint + '; ' if hint else ''}accepted here: {', '.join(accepted)}"
     if kind == "missing":
         return f"{where}: missing required key '{key}'"
     if kind == "value_error" and not loc:
         return f"{where}: {first['msg'].removeprefix('Value error, ')}"
     value = first.get("input")
+    if kind in ("model_type", "dict_type") and loc and not isinstance(value, dict):
+        inner = _schema_keys(loc)
+        example = f"; did you mean '{key}.{inner[0]}: {value}'?" if inner else ""
+        return f"{where}: '{key}' is a section of keys ({', '.join(inner)}), not a value{example}"
     return f"{where}: key '{key}' has bad value {value!r}: {first['msg']}"
