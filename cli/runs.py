@@ -21,6 +21,7 @@ from rich.table import Table
 from hflow.trainer.rundir.read import RunDirError, find_runs, read_last_event, read_status, start_time
 
 STATUS_STYLE = {"running": "green", "finished": "blue", "failed": "red"}
+WHY_CHARS = 160  # of a failed run's reason shown in the table (status.json holds all of it)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class RunRow:
     last_reward: float | None
     status: str
     started: float
+    why: str = ""  # a failed run's reason, its first line
 
 
 def run_row(run_dir: Path) -> RunRow:
@@ -51,6 +53,7 @@ def run_row(run_dir: Path) -> RunRow:
         last_reward=float(reward) if isinstance(reward, (int, float)) else None,
         status=st.status + (" (crashed)" if st.crashed else ""),
         started=start_time(run_dir, st),
+        why=(st.error or "").strip().splitlines()[0][:WHY_CHARS] if st.status == "failed" or st.crashed else "",
     )
 
 
@@ -65,7 +68,7 @@ def shown(value: object) -> str:
 def runs_table(rows: list[RunRow], root: Path) -> Table:
     table = Table(title=f"runs in {shown(root)}", title_justify="left")
     for col, justify in (("name", "left"), ("algorithm", "left"), ("model", "left"), ("steps", "right"),
-                         ("last reward", "right"), ("status", "left"), ("started", "left")):
+                         ("last reward", "right"), ("status", "left"), ("started", "left"), ("why", "left")):
         table.add_column(col, justify=justify, no_wrap=col in ("name", "status", "started"))
     for r in rows:
         reward = "–" if r.last_reward is None or math.isnan(r.last_reward) else f"{r.last_reward:.4g}"
@@ -74,14 +77,15 @@ def runs_table(rows: list[RunRow], root: Path) -> Table:
         status = shown(r.status)
         table.add_row(shown(r.name), shown(r.algorithm), shown(r.model), steps, reward,
                       f"[{STATUS_STYLE[status_key]}]{status}[/]" if status_key in STATUS_STYLE else status,
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)))
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)), shown(r.why))
     return table
 
 
 def runs(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="Folder holding run directories.")] = Path("runs"),
 ) -> None:
-    """List the runs under DIR: name, algorithm, model, steps, last reward, status and start time.
+    """List the runs under DIR: name, algorithm, model, steps, last reward, status, start time and,
+    for a failed run, why.
 
     A run marked running whose process is gone on this host is shown as failed (crashed).
     """

@@ -42,13 +42,16 @@ def test_runs_table_sorted_by_start_with_statuses(tmp_path, cli, run_factory):
     names = [r.split("│")[1].strip() for r in rows]
     assert names == ["ppo-crashed", "grpo-failed", "ppo-finished", "ppo-running", "remote"]
     by_name = dict(zip(names, [[c.strip() for c in r.split("│")[1:-1]] for r in rows]))
-    # columns: name, algorithm, model, steps, last reward, status, started
+    # columns: name, algorithm, model, steps, last reward, status, started, why
     assert by_name["ppo-finished"][1:6] == ["ppo", "tiny-llama", "10/10", "1", "finished"]
     assert by_name["grpo-failed"][1] == "grpo" and by_name["grpo-failed"][5] == "failed"
     assert by_name["ppo-running"][3:6] == ["4/10", "0.4", "running"]
     assert by_name["ppo-crashed"][5] == "failed (crashed)"
     assert by_name["remote"][5] == "running"  # pid of another host is not checked here
     assert by_name["ppo-finished"][6].startswith("2023-11-1")
+    # a failed run says why (its status.json's error); the others leave the column empty
+    assert by_name["grpo-failed"][7] == "RuntimeError: CUDA out of memory"
+    assert by_name["ppo-finished"][7] == "" and by_name["ppo-running"][7] == ""
 
 
 def test_piped_runs_keep_every_column_at_80_columns(tmp_path, run_factory):
