@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -12,13 +10,7 @@ import typer
 
 from hflow.cli.quiet import quiet_libraries
 from hflow.errors import RunFailed, UserError
-from hflow.trainer.config.load import (
-    absolute_paths,
-    build_recipe,
-    load_recipe,
-    parse_overrides,
-    read_yaml,
-)
+from hflow.trainer.config.load import build_recipe, load_recipe, parse_overrides, read_yaml
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.preflight import check_runtime
 from hflow.trainer.stop import is_stop, stop_exit_code, stop_message, stop_signals
@@ -60,19 +52,10 @@ def train(
             loaded, origin = _recipe(recipe, set_, resume)
             check_runtime(loaded, origin)
             # torch and the rest load only now: a mistake in the recipe is reported in a fraction of a second.
-            from hflow.engine.models.loading import build_tiny_model
-            from hflow.trainer.algorithms.registry import trainer_for
-            from hflow.trainer.control.inputs import check_inputs
+            from hflow.trainer.api.launch import prepare
             from hflow.trainer.rundir.writer import RunDir
 
-            algorithm = trainer_for(loaded.algorithm)
-            if loaded.model.init and not Path(loaded.model.path).exists():
-                build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)
-            check_inputs(loaded)  # before a run directory is made for them
-            _check_device(loaded)
-            _note_slow_bf16(loaded)
-            if resume is None:  # the run directory keeps every local path absolute (resume from anywhere)
-                loaded = absolute_paths(loaded if output_dir is None else _with_output_dir(loaded, output_dir))
+            algorithm, loaded = prepare(loaded, output_dir, resume=resume is not None)
             run = RunDir.reopen(resume, loaded) if resume is not None else RunDir.create(loaded, output_dir)
             run.ray_address = ray_address
             typer.echo(f"run directory: {run.path}", err=True)
@@ -91,13 +74,6 @@ def train(
     typer.echo(str(run.path))
 
 
-def _with_output_dir(recipe: Recipe, output_dir: Path) -> Recipe:
-    """`recipe` with trainer.output_dir set to --output-dir: the run directory records where it went."""
-    recipe = recipe.model_copy(deep=True)
-    recipe.trainer.output_dir = str(output_dir)
-    return recipe
-
-
 def _finished(run: RunDir, recipe: Recipe) -> bool:
     """True, and one line saying so, when the resumed run has trained every step asked for already
     and exported final/: nothing is started or rewritten."""
@@ -108,28 +84,6 @@ def _finished(run: RunDir, recipe: Recipe) -> bool:
         typer.echo(f"note: {run.path} finished all {total} steps already, nothing to do (to train further: "
                    f"hflow train --resume {run.path} --set trainer.total_steps=N, N > {total})", err=True)
     return done
-
-
-def _check_device(recipe: Recipe) -> None:
-    """A GPU that CUDA cannot use, or model.dtype bfloat16 on a GPU without it, stops the run in
-    one line before a run directory is made (each worker checks its own GPU again)."""
-    from hflow.engine.groups.dist import pick_device
-    from hflow.engine.models.loading import resolve_dtype
-
-    device = pick_device(recipe.trainer.device)
-    if device.type == "cuda":
-        resolve_dtype(recipe.model.dtype, device)
-
-
-def _note_slow_bf16(recipe: Recipe) -> None:
-    """One line when bf16 was asked for on a CPU that can only emulate it (the run is slower)."""
-    import torch
-
-    from hflow.engine.models.loading import cpu_has_native_bf16
-
-    if recipe.model.dtype == "bfloat16" and not torch.cuda.is_available() and cpu_has_native_bf16() is False:
-        typer.echo("note: model.dtype bfloat16 on a CPU without AVX512-BF16 or AMX: torch emulates bf16 "
-                   "matrix products here, many times slower than float32 (model.dtype: float32 or auto)", err=True)
 
 
 def _recipe(recipe: Optional[str], set_: list[str], resume: Optional[Path]) -> tuple[Recipe, str]:
@@ -146,27 +100,15 @@ def _recipe(recipe: Optional[str], set_: list[str], resume: Optional[Path]) -> t
 
 
 def _run(algorithm, recipe: Recipe, run: RunDir) -> None:
-    """Run the algorithm; however it ends, the run is marked and its directory closed (unlocked)."""
-    from hflow.trainer.control.session import failure_message
+    """Run the algorithm to its end (`api/launch.run_to_end`); a worker's failure is one line here
+    (its traceback is in train.log and the Ray logs)."""
+    from hflow.trainer.api.launch import run_to_end
 
     try:
-        algorithm(recipe, run)
-    except BaseException as err:
-        # The session has marked the run failed already when it was running; this covers the
-        # start-up before it (the same line either way).
-        run.write_status("failed", run.read_status().get("step", 0), failure_message(err))
-        if is_stop(err):
-            logging.getLogger("hflow").warning("run stopped: %s\n%s", failure_message(err), traceback.format_exc())
-        elif not isinstance(err, UserError) or err.__cause__ is not None:
-            # A bug's traceback, or the user's reward function's (a UserError's cause), for train.log.
-            logging.getLogger("hflow").error("run failed:\n%s", traceback.format_exc())
-        if isinstance(err, RunFailed):
-            # A worker's own traceback is in train.log and the Ray logs; one line here.
-            typer.echo(f"error: {err} (run directory: {run.path})", err=True)
-            raise typer.Exit(err.exit_code) from None
-        raise
-    finally:
-        run.close()
+        run_to_end(algorithm, recipe, run)
+    except RunFailed as err:
+        typer.echo(f"error: {err} (run directory: {run.path})", err=True)
+        raise typer.Exit(err.exit_code) from None
 
 
 def _resume_recipe(run_dir: Path, set_: list[str]) -> Recipe:

@@ -37,3 +37,31 @@ def import_named(spec: str, key: str, kind: str) -> object:
         raise UserError(f"{key} {spec!r}: importing module {module_name!r} raised "
                         f"{type(err).__name__}: {first_line(err)}") from err
     return getattr(module, attr, None)
+
+
+# Python objects handed over in-process (`hflow.train(reward=fn)`), by the spec that names them in
+# the recipe: `python:NAME`. The controller resolves them; workers receive the object itself in
+# their spec (pickled by value to Ray workers), never the name.
+REGISTERED: dict[str, object] = {}
+REGISTERED_PREFIX = "python:"
+
+
+def register(obj: object, name: str) -> str:
+    """The spec `python:NAME` for `obj` in this process (NAME-2, ... when NAME is taken by another)."""
+    spec, n = f"{REGISTERED_PREFIX}{name}", 1
+    while REGISTERED.get(spec, obj) is not obj:
+        n += 1
+        spec = f"{REGISTERED_PREFIX}{name}-{n}"
+    REGISTERED[spec] = obj
+    return spec
+
+
+def registered(spec: str, key: str) -> object | None:
+    """The object a `python:` spec names, None for any other spec; a UserError for a `python:` spec
+    this process was not given (a run started from Python, resumed from the command line)."""
+    if not spec.startswith(REGISTERED_PREFIX):
+        return None
+    if spec not in REGISTERED:
+        raise UserError(f"{key} {spec!r}: was a Python object handed to hflow.train in another process; give it "
+                        "again (hflow.train(..., reward=fn)), or name it by its module: module:function")
+    return REGISTERED[spec]

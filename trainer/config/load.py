@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import PydanticBaseSettingsSource
 
+from hflow.engine.user_code import REGISTERED_PREFIX
 from hflow.errors import UserError
 from hflow.trainer.config.other_names import other_name_hint
 from hflow.trainer.config.recipe import Recipe, run_name_problem
@@ -139,7 +140,7 @@ def locate_code(recipe: Recipe, folders: list[Path]) -> None:
         part = getattr(recipe, section)
         spec = getattr(part, name)
         module, sep, attr = (spec or "").rpartition(":")
-        if not sep or not module or Path(module).is_absolute():
+        if not sep or not module or Path(module).is_absolute() or spec.startswith(REGISTERED_PREFIX):
             continue
         if not module.endswith(".py") and ("." in module or "/" in module):
             continue

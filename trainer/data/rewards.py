@@ -13,7 +13,7 @@ import functools
 import re
 from typing import Callable
 
-from hflow.engine.user_code import import_named
+from hflow.engine.user_code import import_named, registered
 from hflow.errors import UserError
 from hflow.trainer import reward_defaults
 from hflow.trainer.data import tasks
@@ -91,7 +91,7 @@ def load_reward_fn(spec: str, key: str = "reward.function", cfg=None) -> RewardF
     if ":" not in spec:
         raise UserError(f"{key} {spec!r}: not a built-in ({', '.join(BUILTINS)}) "
                         "and not of the form module:function")
-    fn = import_named(spec, key, "module:function")
+    fn = registered(spec, key) or import_named(spec, key, "module:function")
     if not callable(fn):
         module_name, _, attr = spec.rpartition(":")
         raise UserError(f"{key} {spec!r}: module {module_name!r} has no function {attr!r}")

@@ -1,0 +1,71 @@
+"""hflow from Python (issue #32): a user's own rows and reward function, trained and evaluated
+with `hflow.train` / `hflow.evaluate`, learn as the command line does; bad arguments are one
+line (`UserError`), and a run started with a Python function says how to resume it."""
+
+import json
+
+import pytest
+
+import hflow
+from hflow.errors import UserError
+from hflow.trainer.api.sources import _Weighted, dataset_file, reward_spec
+
+
+def digits_share(prompts, responses, **columns):
+    """The user's reward: the share of digits among the first 8 characters."""
+    assert len(columns["answer"]) == len(responses)  # every column, one entry per response
+    return [sum(c.isdigit() for c in r[:8]) / 8 for r in responses]
+
+
+ROWS = [{"prompt": "make digits: ", "answer": str(i)} for i in range(64)]
+
+
+def test_train_from_python_learns_and_evaluates(tmp_path, tiny_model):
+    run = hflow.train("grpo/quickstart", dataset=ROWS, reward=digits_share, output_dir=tmp_path / "runs",
+                      overrides={"model.path": str(tiny_model), "model.init": None, "trainer.total_steps": 30,
+                                 "trainer.save_every": 0})
+    assert isinstance(run, hflow.Run) and run.status == "finished" and run.error is None
+    steps = run.metrics
+    assert [e["step"] for e in steps] == list(range(1, 31))
+    first, last = (sum(e["reward/mean"] for e in part) / len(part) for part in (steps[:3], steps[-5:]))
+    assert last > first + 0.2, (first, last)
+    assert (run.final_model / "config.json").is_file()
+    recipe = (run.path / "recipe.yaml").read_text()
+    assert "python:digits_share" in recipe and "datasets/dataset-" in recipe  # the rows, written once
+    metrics = hflow.evaluate(run.path / "recipe.yaml", run.path,
+                             overrides={"data.eval": "synthetic:digits", "data.eval_size": 16})
+    assert metrics["eval/reward"] > first
+
+
+def test_the_rows_are_written_once_by_their_content(tmp_path):
+    one, again = dataset_file(ROWS, tmp_path), dataset_file(list(ROWS), tmp_path)
+    assert one == again and [json.loads(line) for line in one.read_text().splitlines()] == ROWS
+    assert dataset_file(ROWS[:3], tmp_path) != one
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"dataset": ["make digits: "]}, "dataset row 0: a row is a dict"),
+    ({"dataset": []}, "dataset: it has no rows"),
+    ({"dataset": [{"prompt": "p", "x": object()}]}, "dataset row 0: cannot be written as JSON"),
+    ({"reward": [digits_share, digits_share], "reward_weights": [1.0]}, "1 weights for 2 reward functions"),
+    ({"reward_weights": [1.0]}, "reward_weights: give the reward functions"),
+    ({"overrides": ["trainer.total_steps=5"]}, "overrides: give a dict of dotted keys"),
+    ({"overrides": {"trainer.max_steps": 5}}, "hflow's key is 'trainer.total_steps'"),
+])
+def test_bad_arguments_are_one_line(tmp_path, kwargs, needle):
+    with pytest.raises(UserError, match=None) as err:
+        hflow.train("grpo/quickstart", output_dir=tmp_path, **kwargs)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_several_rewards_are_summed_with_their_weights():
+    combined = _Weighted([digits_share, lambda p, r, **c: [1.0] * len(r)], [2.0, -0.5])
+    assert combined(["p", "p"], ["12ab", "abcd"], answer=["", ""]) == [2 * 2 / 8 - 0.5, -0.5]
+    assert reward_spec("synthetic", None) == "synthetic"
+
+
+def test_a_python_reward_named_in_another_process_says_how_to_resume():
+    from hflow.trainer.data.rewards import load_reward_fn
+
+    with pytest.raises(UserError, match="handed to hflow.train in another process"):
+        load_reward_fn("python:score_from_yesterday")

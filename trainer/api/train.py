@@ -1,0 +1,82 @@
+"""`hflow.train` and `hflow.evaluate`: the command line's `train` and `eval` as Python functions.
+
+    import hflow
+
+    def score(prompts, responses, **columns):           # one float per response
+        return [float(r.strip() == a) for r, a in zip(responses, columns["answer"])]
+
+    run = hflow.train("grpo/quickstart", dataset=[{"prompt": "2 + 2 =", "answer": "4"}, ...],
+                      reward=score, overrides={"trainer.total_steps": 20})
+    run.metrics[-1]["reward/mean"], run.final_model
+    hflow.evaluate(run.path / "recipe.yaml", run.path, overrides={"data.eval": "eval.jsonl"})
+
+A user mistake raises `hflow.errors.UserError` with the command line's one-line message; the run
+directory is written as `hflow train` writes it, and `hflow train --resume` continues it (with a
+Python reward function, from Python: the function is given again)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from hflow.errors import UserError
+from hflow.trainer.api.checkpoint import checkpoint_source
+from hflow.trainer.api.run import Run
+from hflow.trainer.api.sources import dataset_file, override_pairs, recipe_from, reward_spec
+from hflow.trainer.config.load import read_yaml, resolve_recipe_path
+from hflow.trainer.control.preflight import check_runtime
+
+
+def train(recipe: str | Path | dict, *, overrides: dict[str, Any] | None = None,
+          output_dir: str | Path | None = None, reward: str | Callable | Iterable[Callable] | None = None,
+          reward_weights: list[float] | None = None, dataset: Any = None) -> Run:
+    """Train with `recipe` (a file, a shipped name such as "grpo/quickstart", or a dict of sections)
+    and return the finished run.
+
+    overrides: dotted keys, {"trainer.total_steps": 5} (as `--set`); output_dir: the folder for the
+    run directory (default: the recipe's `trainer.output_dir`); reward: `reward.function`, or a
+    callable fn(prompts, responses, **columns) -> list[float], or several summed with
+    `reward_weights` (TRL's reward_funcs); dataset: the prompts as a list of dicts, a pandas
+    DataFrame or a datasets.Dataset, with a `data.prompt_key` column (written once, as JSON Lines,
+    to OUTPUT_DIR/datasets/, and named by `data.train`)."""
+    from hflow.trainer.api.launch import prepare, run_to_end
+    from hflow.trainer.rundir.writer import RunDir
+
+    pairs = override_pairs(overrides)
+    if reward is not None:
+        pairs.append(f"reward.function={json.dumps(reward_spec(reward, reward_weights))}")
+    elif reward_weights is not None:
+        raise UserError("reward_weights: give the reward functions they weigh (reward=[f, g])")
+    if dataset is not None:
+        folder = Path(output_dir or _output_dir(recipe, overrides)).absolute() / "datasets"
+        pairs.append(f"data.train={json.dumps(str(dataset_file(dataset, folder)))}")
+    loaded, origin = recipe_from(recipe, pairs)
+    check_runtime(loaded, origin)
+    algorithm, loaded = prepare(loaded, None if output_dir is None else Path(output_dir))
+    run = RunDir.create(loaded, None if output_dir is None else str(output_dir))
+    run_to_end(algorithm, loaded, run)
+    return Run(run.path)
+
+
+def evaluate(recipe: str | Path | dict, checkpoint: str | Path, *,
+             overrides: dict[str, Any] | None = None) -> dict[str, float]:
+    """eval/* of `checkpoint` (a run folder, a run's checkpoint or a model directory) on the recipe's
+    `data.eval` with its `eval` sampling, reward and engine, as `hflow eval` prints them."""
+    from hflow.trainer.control.evaluate import evaluate_model
+
+    loaded, origin = recipe_from(recipe, override_pairs(overrides))
+    if not loaded.data.eval:
+        raise UserError(f"{origin}: data.eval is not set; give the eval prompts, e.g. overrides="
+                        "{'data.eval': 'synthetic:TASK'} or a .jsonl file")
+    check_runtime(loaded, origin, roles=["actor", "reward"])
+    ckpt, step = checkpoint_source(Path(checkpoint), loaded)
+    return evaluate_model(loaded, ckpt, step)
+
+
+def _output_dir(recipe: str | Path | dict, overrides: dict[str, Any] | None) -> str:
+    """The recipe's `trainer.output_dir` before the recipe is built (the dataset goes there)."""
+    if overrides and "trainer.output_dir" in overrides:
+        return str(overrides["trainer.output_dir"])
+    data = recipe if isinstance(recipe, dict) else read_yaml(resolve_recipe_path(str(recipe)))
+    return str((data.get("trainer") or {}).get("output_dir") or "runs")
