@@ -97,15 +97,20 @@ def reward_spec(reward: str | Callable | Iterable[Callable], weights: list[float
         if weights is not None:
             raise UserError("reward_weights: weigh several reward callables; a single reward takes none")
         return reward
-    fns = [reward] if callable(reward) else list(reward)
+    return register(*reward_callable(reward, weights))
+
+
+def reward_callable(reward: Callable | Iterable[Callable], weights: list[float] | None) -> tuple[Callable, str]:
+    """One callable for a callable or several (summed with `weights`), and its name."""
+    fns = [reward] if callable(reward) else list(reward) if isinstance(reward, (list, tuple)) else []
     if not fns or not all(callable(f) for f in fns):
         raise UserError("reward: give a function name ('module:function'), a callable, or a list of callables")
     weights = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
     if len(weights) != len(fns):
         raise UserError(f"reward_weights: {len(weights)} weights for {len(fns)} reward functions")
     if len(fns) == 1 and weights == [1.0]:
-        return register(fns[0], _name(fns[0]))
-    return register(_Weighted(fns, weights), "+".join(_name(f) for f in fns))
+        return fns[0], _name(fns[0])
+    return _Weighted(fns, weights), "+".join(_name(f) for f in fns)
 
 
 def _name(fn: Callable) -> str:

@@ -3,6 +3,7 @@ with `hflow.train` / `hflow.evaluate`, learn as the command line does; bad argum
 line (`UserError`), and a run started with a Python function says how to resume it."""
 
 import json
+import shutil
 
 import pytest
 
@@ -69,3 +70,25 @@ def test_a_python_reward_named_in_another_process_says_how_to_resume():
 
     with pytest.raises(UserError, match="handed to hflow.train in another process"):
         load_reward_fn("python:score_from_yesterday")
+
+
+def test_a_python_reward_run_resumes_from_python_exactly(tmp_path, tiny_model):
+    """Crashed after step 5 of 6 (the checkpoint at 6 never written): the command line cannot give
+    the function again and says so in one line; `hflow.train(resume=..., reward=fn)` continues, and
+    steps 4-6 are the uninterrupted run's."""
+    from helpers import assert_one_line_error, crashed, run_hflow
+
+    run = hflow.train("grpo/quickstart", dataset=ROWS, reward=digits_share, output_dir=tmp_path / "runs",
+                      overrides={"model.path": str(tiny_model), "model.init": None, "trainer.total_steps": 6,
+                                 "trainer.save_every": 3})
+    whole = run.metrics
+    shutil.rmtree(run.path / "checkpoints" / "step_000006")
+    (run.path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in whole[:5]))
+    crashed(run.path, 5)
+    assert_one_line_error(run_hflow("train", "--resume", str(run.path)), "reward.function", "python:digits_share",
+                          "give it again")
+    again = hflow.train(resume=run.path, reward=digits_share)
+    assert again.status == "finished" and [e["step"] for e in again.metrics] == [1, 2, 3, 4, 5, 6]
+    for before, after in zip(whole[3:], again.metrics[3:]):
+        for key in ("reward/mean", "actor/loss", "actor/grad_norm"):
+            assert after[key] == pytest.approx(before[key], rel=1e-5, abs=1e-7), (after["step"], key)
