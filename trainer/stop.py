@@ -57,18 +57,34 @@ def stop_signals() -> Iterator[None]:
         _received.clear()
 
 
+def the_stop(err: BaseException) -> BaseException | None:
+    """The stop (Ctrl-C or a signal) `err` is or came from, else None. The handler raises where the
+    main thread happens to be, also inside a C extension's call (`ray.wait`, say), which may then
+    fail with an error of its own (a SystemError "returned a result with an exception set") whose
+    context is the stop: that is still a stop, not a failure of the run."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, (KeyboardInterrupt, Terminated)):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def is_stop(err: BaseException) -> bool:
     """Whether `err` is a stop from outside (Ctrl-C or a signal), not a failure of the run."""
-    return isinstance(err, (KeyboardInterrupt, Terminated))
+    return the_stop(err) is not None
 
 
 def stop_message(err: BaseException) -> str:
     """The one line for a stop: `interrupted` for Ctrl-C, `terminated (SIGTERM)` for a signal."""
-    if isinstance(err, Terminated):
-        return f"terminated ({signal.Signals(err.signum).name})"
+    stop = the_stop(err)
+    if isinstance(stop, Terminated):
+        return f"terminated ({signal.Signals(stop.signum).name})"
     return "interrupted"
 
 
 def stop_exit_code(err: BaseException) -> int:
     """128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM."""
-    return 128 + (err.signum if isinstance(err, Terminated) else signal.SIGINT)
+    stop = the_stop(err)
+    return 128 + (stop.signum if isinstance(stop, Terminated) else signal.SIGINT)
