@@ -24,7 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPES = ["grpo/quickstart", "grpo/quickstart_ray_split", "grpo/tiny_async", "grpo/tiny_calculator",
            "grpo/tiny_lora", "ppo/tiny", "remax/tiny", "safe_rlhf/tiny", "rloo/tiny", "reinforce_pp/tiny",
            "reinforce_pp/tiny_baseline", "dapo/tiny", "gspo/tiny"]
-VOLATILE = ("timing/", "throughput/", "memory/", "time")
+# Measurements of the machine, not of the training: wall times (also every `*_s` key: async mode's
+# busy and idle seconds, an episode's turn times) and the cores other processes used.
+VOLATILE = ("timing/", "throughput/", "memory/", "time", "cpu/others_cores")
 
 
 def hflow(tree: Path, work: Path, *args: str) -> None:
@@ -51,7 +53,7 @@ def compare(a: Path, b: Path) -> list[str]:
     if len(ev_a) != len(ev_b):
         problems.append(f"{len(ev_a)} vs {len(ev_b)} events")
     for x, y in zip(ev_a, ev_b):
-        keys = {k for k in {*x, *y} if not k.startswith(VOLATILE)}
+        keys = {k for k in {*x, *y} if not k.startswith(VOLATILE) and not k.endswith("_s")}
         problems += [f"step {x['step']} {k}: {x.get(k)} vs {y.get(k)}" for k in sorted(keys) if x.get(k) != y.get(k)]
     if (a / "samples.jsonl").read_bytes() != (b / "samples.jsonl").read_bytes():
         problems.append("samples.jsonl differ")
