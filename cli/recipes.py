@@ -1,4 +1,4 @@
-"""`hflow recipes list|show|cp`: the recipes shipped with hflow."""
+"""`hflow recipes list|show|cp|keys`: the recipes shipped with hflow, and every key a recipe takes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import typer
 from hflow.errors import UserError
 from hflow.trainer.config.load import RECIPES_DIR, resolve_recipe_path, shipped_recipes
 
-app = typer.Typer(help="List, print and copy the recipes shipped with hflow.", no_args_is_help=True)
+app = typer.Typer(help="List, print and copy the recipes shipped with hflow; list every recipe key.",
+                  no_args_is_help=True)
 
 
 @app.command("list")
@@ -41,6 +42,17 @@ def cp(
         raise UserError(f"{target.parent}: no such directory")
     shutil.copyfile(source, target)
     typer.echo(str(target))
+
+
+@app.command()
+def keys(section: Annotated[str, typer.Argument(help="Only this section, e.g. rollout or grpo.")] = None) -> None:
+    """Print every recipe key (or SECTION's): type, default, which algorithms read it, and what it does."""
+    from hflow.trainer.config.keys import recipe_keys
+
+    for k in recipe_keys(section):
+        typer.echo(f"{k.key}: {k.type} = {k.default}  [{k.read_by}]")
+        if k.description:
+            typer.echo(f"    {k.description}")
 
 
 def _shipped(name: str) -> Path:
