@@ -109,7 +109,9 @@ def check_model_source(path: str, what: str, tokenizer: bool = True, model: bool
                    or Path(path.split("/")[0]).is_dir())
     if looks_local and not p.is_dir():
         raise UserError(
-            f"{what}: model path '{path}' does not exist; give a local Hugging Face model directory "
+            f"{what}: model path '{path}' does not exist"
+            + ("" if p.is_absolute() else f" (looked for {p.absolute()})")
+            + "; give a local Hugging Face model directory "
             "(build a tiny one with `hflow init-model tiny DIR` or `hflow init-model tiny-reward DIR`, "
             "or set `model.init: tiny`)"
         )

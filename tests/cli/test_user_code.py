@@ -63,3 +63,18 @@ def test_validate_stops_a_function_that_cannot_take_the_data_columns(tmp_path, t
     recipe = _project(tmp_path, tiny_model, "my_reward:strict")
     assert_one_line_error(run_hflow("validate", str(recipe), cwd=tmp_path), "reward.function", "my_reward.py:strict",
                           "answer, task", "**kwargs")
+
+
+def test_the_recipes_own_files_are_found_beside_it(tmp_path, tiny_model):
+    """`data.train: train.jsonl` next to proj/my.yaml is read from any folder (issue #32, item 7);
+    a file found nowhere is named with the absolute path looked for."""
+    recipe = _project(tmp_path, tiny_model, "my_reward:score")
+    (tmp_path / "proj" / "train.jsonl").write_text(
+        "".join(json.dumps({"prompt": "make digits: ", "answer": ""}) + "\n" for _ in range(16)))
+    recipe.write_text(recipe.read_text().replace("train: synthetic:digits", "train: train.jsonl"))
+    assert "train: train.jsonl" in recipe.read_text()
+    result = run_hflow("validate", str(recipe), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    recipe.write_text(recipe.read_text().replace("train: train.jsonl", "train: missing.jsonl"))
+    assert_one_line_error(run_hflow("validate", str(recipe), cwd=tmp_path), "data.train", "'missing.jsonl'",
+                          f"looked for {tmp_path / 'missing.jsonl'}")

@@ -117,6 +117,7 @@ def load_recipe(spec: str, overrides: Iterable[str] = ()) -> tuple[Recipe, Path]
     data = read_yaml(path)
     recipe = build_recipe(data, parse_overrides(overrides), str(path))
     locate_code(recipe, [path.parent, Path.cwd()])
+    beside_recipe(recipe, path.parent)
     if recipe.name is None:
         problem = run_name_problem(path.stem)
         if problem:
@@ -148,6 +149,22 @@ def locate_code(recipe: Recipe, folders: list[Path]) -> None:
         found = next((folder / file for folder in folders if (folder / file).is_file()), None)
         if found is not None:
             setattr(part, name, f"{os.path.abspath(found)}:{attr}")
+
+
+def beside_recipe(recipe: Recipe, folder: Path) -> None:
+    """Each relative path of PATH_KEYS (but the output folder) that names something in the recipe's
+    `folder` and nothing in the current one made absolute there: a recipe's own files are found
+    from any folder (`hflow train proj/my.yaml` reads proj/train.jsonl). What exists in the current
+    folder keeps its meaning, so shipped recipes and recipes run from their own folder read the
+    same files as before."""
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        part = getattr(recipe, section)
+        value = getattr(part, name)
+        if not value or key == "trainer.output_dir" or value.startswith("synthetic:") or Path(value).is_absolute():
+            continue
+        if (folder / value).exists() and not Path(value).exists():
+            setattr(part, name, os.path.abspath(folder / value))
 
 
 # The recipe keys that may name a local file or folder. A run directory keeps them absolute, so that

@@ -77,7 +77,8 @@ def read_table(spec: str, key: str, needs: str) -> list[dict]:
     """The rows of a .jsonl or .parquet file; `key` and `needs` name the recipe key in errors."""
     path = Path(spec)
     if not path.is_file():
-        raise UserError(f"{key}: file '{spec}' does not exist (give a .jsonl or .parquet file with {needs}"
+        where = "" if path.is_absolute() else f", looked for {path.absolute()}"
+        raise UserError(f"{key}: file '{spec}' does not exist{where} (give a .jsonl or .parquet file with {needs}"
                         + (", or synthetic:TASK)" if key == "data.train" else ")"))
     if path.suffix == ".jsonl":
         return _read_jsonl(path)
