@@ -157,3 +157,16 @@ def test_the_top_help_names_every_algorithm():
 
     out = " ".join(CliRunner().invoke(app, ["--help"]).stdout.split())  # wrapped to the terminal
     assert all(name in out for name in ALGORITHMS), out
+
+
+def test_a_long_help_flows_at_any_width():
+    """A docstring's hard-wrapped lines flow as one paragraph in a narrow terminal (issue #32,
+    item 10): no line of `train --help` ends where the docstring's line ended."""
+    from typer.testing import CliRunner
+
+    from hflow.cli.app import app
+
+    out = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "70"}).stdout
+    lines = [line.strip() for line in out.splitlines()]
+    assert not any(line.endswith("the workers shut down,") for line in lines), out
+    assert "the workers shut down, and the exit code" in " ".join(lines)
