@@ -92,3 +92,28 @@ def test_a_python_reward_run_resumes_from_python_exactly(tmp_path, tiny_model):
     for before, after in zip(whole[3:], again.metrics[3:]):
         for key in ("reward/mean", "actor/loss", "actor/grad_norm"):
             assert after[key] == pytest.approx(before[key], rel=1e-5, abs=1e-7), (after["step"], key)
+
+
+@pytest.mark.slow
+def test_a_notebook_function_reaches_ray_workers(tmp_path, tiny_model):
+    """A reward defined in `__main__` (a script, a notebook) is pickled by value to the reward
+    worker on the ray backend (quickstart_ray_split: the reward on a Ray worker of its own pool)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "script.py").write_text(
+        "import hflow\n"
+        "def score(prompts, responses, **columns):\n"
+        "    return [sum(c.isdigit() for c in r[:8]) / 8 for r in responses]\n"
+        f"run = hflow.train('grpo/quickstart_ray_split', reward=score, output_dir='runs', overrides={{\n"
+        f"    'model.path': {str(tiny_model)!r}, 'model.init': None, 'trainer.total_steps': 2,\n"
+        "    'trainer.save_every': 0})\n"
+        "print(run.status, run.path)\n")
+    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    status, path = done.stdout.strip().splitlines()[-1].split()
+    assert status == "finished"
+    run = hflow.Run(tmp_path / path)
+    assert [e["step"] for e in run.metrics] == [1, 2]
+    assert "python:score" in (run.path / "recipe.yaml").read_text()
+    assert json.loads((run.path / "plan.json").read_text())["backend"] == "ray"
