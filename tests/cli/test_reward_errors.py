@@ -23,8 +23,8 @@ def _train(tmp_path: Path, tiny_model: Path, function: str, extra_path: Path | N
     paths = [str(extra_path)] if extra_path else []
     env = {"PYTHONPATH": os.pathsep.join(paths + [str(TESTS), os.environ.get("PYTHONPATH", "")])}
     result = run_hflow("train", str(recipe), env=env, timeout=300)
-    run = next((tmp_path / "runs").glob("test-*"))
-    return result, run, json.loads((run / "status.json").read_text())
+    run = next((tmp_path / "runs").glob("test-*"), None)
+    return result, run, json.loads((run / "status.json").read_text()) if run else None
 
 
 def _failed_after_step_1(result, run: Path, status: dict, line: str) -> None:
@@ -50,11 +50,13 @@ def test_a_raising_reward_function_is_one_line(tmp_path, tiny_model):
 
 
 def test_a_reward_module_with_a_syntax_error_is_one_line(tmp_path, tiny_model):
+    """Imported when the inputs are checked: one line, and no run directory is made for it."""
     (tmp_path / "typo_reward.py").write_text("def score(prompts, responses:\n    return [1.0]\n")
-    result, _, status = _train(tmp_path, tiny_model, "typo_reward:score", extra_path=tmp_path)
-    assert _last_line(result).startswith(
-        "error: reward.function 'typo_reward:score': importing module 'typo_reward' raised SyntaxError: ")
-    assert status["status"] == "failed"
+    result, run, _ = _train(tmp_path, tiny_model, "typo_reward:score", extra_path=tmp_path)
+    # the module beside the recipe is named by its file (`locate_code`)
+    assert _last_line(result).startswith(f"error: reward.function '{tmp_path / 'typo_reward.py'}:score': "
+                                         "importing module 'typo_reward' raised SyntaxError: ")
+    assert run is None
 
 
 @pytest.mark.slow  # two steps through the CLI
