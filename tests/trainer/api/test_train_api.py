@@ -117,3 +117,16 @@ def test_a_notebook_function_reaches_ray_workers(tmp_path, tiny_model):
     assert [e["step"] for e in run.metrics] == [1, 2]
     assert "python:score" in (run.path / "recipe.yaml").read_text()
     assert json.loads((run.path / "plan.json").read_text())["backend"] == "ray"
+
+
+@pytest.mark.parametrize("kind", ["pandas", "datasets"])
+def test_a_data_frame_or_a_dataset_gives_the_same_rows(kind):
+    from hflow.trainer.api.sources import rows_of
+
+    if kind == "pandas":
+        pandas = pytest.importorskip("pandas")
+        table = pandas.DataFrame(ROWS)
+    else:
+        datasets = pytest.importorskip("datasets")
+        table = datasets.Dataset.from_list(ROWS)
+    assert rows_of(table) == ROWS
