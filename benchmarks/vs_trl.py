@@ -177,13 +177,8 @@ def flop_params(model_dir: Path) -> int:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys() if "embed_tokens" not in name)
 
 
-CUDA_PEAK = """
-import time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
-a @ b; torch.cuda.synchronize(); start = time.perf_counter()
-for _ in range(10): a @ b
-torch.cuda.synchronize(); print(2 * 8192**3 * 10 / (time.perf_counter() - start))
-"""
+CUDA_PEAK = ("import torch; from hflow.trainer.control.bench_account import matmul_rate; "
+             "print(matmul_rate(8192, 8192, 8192, torch.device('cuda'), torch.bfloat16))")
 
 
 def matmul_peak(env: dict, device: str = "cpu") -> float:

@@ -8,10 +8,7 @@ from typing import Annotated
 import typer
 
 from hflow.cli.quiet import quiet_libraries
-from hflow.errors import UserError
-from hflow.trainer.api.checkpoint import checkpoint_source
 from hflow.trainer.config.load import load_recipe
-from hflow.trainer.control.preflight import check_runtime
 
 
 def eval_(
@@ -26,13 +23,7 @@ def eval_(
     eval/response_length and, for tool environments (rollout.env), eval/tool_call_share, one per line."""
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
-    if not loaded.data.eval:
-        raise UserError(f"{path}: data.eval is not set; give the eval prompts, e.g. --set data.eval=synthetic:TASK "
-                        "or a .jsonl file")
-    check_runtime(loaded, str(path), roles=["actor", "reward"])  # what evaluate_model starts
-    ckpt, step = checkpoint_source(checkpoint, loaded)
-    from hflow.trainer.control.evaluate import evaluate_model  # torch: only once the recipe is right
+    from hflow.trainer.api.train import evaluate_loaded  # torch: only once the recipe is right
 
-    metrics = evaluate_model(loaded, ckpt, step)
-    for key, value in metrics.items():
+    for key, value in evaluate_loaded(loaded, str(path), checkpoint, "--set data.eval=synthetic:TASK").items():
         typer.echo(f"{key} {value:.4f}")

@@ -95,14 +95,20 @@ def evaluate(recipe: str | Path | dict, checkpoint: str | Path, *,
              overrides: dict[str, Any] | None = None) -> dict[str, float]:
     """eval/* of `checkpoint` (a run folder, a run's checkpoint or a model directory) on the recipe's
     `data.eval` with its `eval` sampling, reward and engine, as `hflow eval` prints them."""
+    loaded, origin = recipe_from(recipe, override_pairs(overrides))
+    return evaluate_loaded(loaded, origin, Path(checkpoint), "overrides={'data.eval': 'synthetic:TASK'}")
+
+
+def evaluate_loaded(loaded, origin: str, checkpoint: Path, how_to_set: str) -> dict[str, float]:
+    """`evaluate` of a loaded recipe (`hflow eval` loads it from the command line); `how_to_set`
+    says, in the caller's terms, how to give data.eval when it is missing."""
     from hflow.trainer.control.evaluate import evaluate_model
 
-    loaded, origin = recipe_from(recipe, override_pairs(overrides))
     if not loaded.data.eval:
-        raise UserError(f"{origin}: data.eval is not set; give the eval prompts, e.g. overrides="
-                        "{'data.eval': 'synthetic:TASK'} or a .jsonl file")
-    check_runtime(loaded, origin, roles=["actor", "reward"])
-    ckpt, step = checkpoint_source(Path(checkpoint), loaded)
+        raise UserError(f"{origin}: data.eval is not set; give the eval prompts, e.g. {how_to_set} "
+                        "or a .jsonl file")
+    check_runtime(loaded, origin, roles=["actor", "reward"])  # what evaluate_model starts
+    ckpt, step = checkpoint_source(checkpoint, loaded)
     return evaluate_model(loaded, ckpt, step)
 
 
