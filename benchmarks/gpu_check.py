@@ -165,7 +165,7 @@ from hflow.engine.models.loading import load_causal_lm
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.rollout.hybrid import resident_bytes
 from hflow.trainer.config.sections import ActorConfig
-from hflow.trainer.control.worker_specs import optim_spec
+from hflow.trainer.placement.worker_specs import optim_spec
 ensure_process_group(torch.device("cuda"))
 model = load_causal_lm({str(shaped_model("qwen2.5-0.5b", cwd / "model"))!r}, torch.bfloat16).cuda()
 engine = TrainEngine(model, optim_spec(ActorConfig(lr=1e-5, zero_stage=2)), 10, 2, 1, bf16=True)

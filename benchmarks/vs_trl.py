@@ -28,7 +28,7 @@ tokens per second (2 per token to generate it, 6 to train on it; the input embed
 not counted) against the machine's fp32 matrix-product peak measured here at the same thread
 count. --busy K runs K spinning processes beside every run (a shared laptop or CI runner).
 
-Beside it, hflow's efficiency account (`hflow bench step`'s, `trainer/control/bench_account.py`):
+Beside it, hflow's efficiency account (`hflow bench step`'s, `trainer/work/bench_account.py`):
 per phase the FLOPs and bytes it needed, what it computed, the least time this machine allows
 (peaks measured here at the phase's shapes) and the share of that limit reached. TRL has no meter
 of ours: its line is the same needed work for its own rows (prompt and completion lengths of
@@ -177,14 +177,14 @@ def flop_params(model_dir: Path) -> int:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys() if "embed_tokens" not in name)
 
 
-CUDA_PEAK = ("import torch; from hflow.trainer.control.bench_account import matmul_rate; "
+CUDA_PEAK = ("import torch; from hflow.trainer.work.bench_account import matmul_rate; "
              "print(matmul_rate(8192, 8192, 8192, torch.device('cuda'), torch.bfloat16))")
 
 
 def matmul_peak(env: dict, device: str = "cpu") -> float:
     """The matrix-product peak measured here: fp32 on the CPU, bf16 on a GPU."""
     code = CUDA_PEAK if device == "cuda" else \
-        "from hflow.trainer.control.bench import matmul_peak_flops; print(matmul_peak_flops())"
+        "from hflow.trainer.work.bench import matmul_peak_flops; print(matmul_peak_flops())"
     return float(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
                                 text=True).stdout.split()[-1])
 
@@ -249,9 +249,9 @@ def accounts(model_dir: str, a: argparse.Namespace, steps: dict) -> dict:
     import torch
 
     from hflow.trainer.config.load import load_recipe
-    from hflow.trainer.control.bench_account import account
-    from hflow.trainer.control.work_account import phase_needs, role_shapes
-    from hflow.trainer.control.work_needed import StepRows
+    from hflow.trainer.work.bench_account import account
+    from hflow.trainer.work.account import phase_needs, role_shapes
+    from hflow.trainer.work.needed import StepRows
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -345,7 +345,7 @@ def report(r: dict, a: argparse.Namespace) -> None:
         print(f"{name:8}{m['step_s']:>9.3f}{m['tokens_per_s']:>10.0f}{m['flops_per_s'] / 1e9:>9.1f}{m['of_peak']:>9.0%}"
               f"{m['peak_bytes'] / 2**20:>10.0f}")
     print(f"ratio hflow / TRL: {r['ratio']:.2f}x")
-    from hflow.trainer.control.bench_account import table
+    from hflow.trainer.work.bench_account import table
 
     acct = r["account"]
     print("hflow's efficiency account (medians over its steps):")

@@ -37,8 +37,8 @@ def bench(
     # torch and the rest load only now: a mistake in the recipe is reported in a fraction of a second.
     from hflow.engine.models.loading import build_tiny_model
     from hflow.trainer.algorithms.registry import trainer_for
-    from hflow.trainer.control import bench as measure
-    from hflow.trainer.control.bench_account import table as account_table
+    from hflow.trainer.work import bench as measure
+    from hflow.trainer.work.bench_account import table as account_table
 
     if loaded.model.init:
         from pathlib import Path

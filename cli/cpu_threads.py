@@ -9,7 +9,7 @@ process and 7-21 s beside two. With passive waiting (threads sleep at once) the 
 0.27 s and 0.20 s (README, "Performance"). The setting is read once, when the OpenMP runtime
 starts, so it must be in the environment before torch is imported; workers hflow starts (Ray
 actors, `torch.distributed` ranks) inherit it. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT
-wins. How many threads a local run uses, step by step, is `trainer/control/cpu_share.py`'s
+wins. How many threads a local run uses, step by step, is `trainer/placement/cpu_share.py`'s
 choice (sleeping threads cost a wake-up per parallel region, which is why a small model gets one).
 """
 

@@ -47,7 +47,7 @@ ROLLOUT_ENTROPY = "rollout_entropy"
 POLICY_VERSION = "policy_version"
 """(N,) long: the policy version that generated the row (the steps trained before its weights were
 copied): in `trainer.mode: async` the generator's (`engine/rollout/generator_copy.py`), in sync mode
-step - 1, stamped by the controller's stream (`trainer/control/streaming.py`)."""
+step - 1, stamped by the controller's stream (`trainer/streaming/chunks.py`)."""
 
 EPISODE = "episode"
 """list, N: a multi-turn episode's record (`rollout.env`; `engine/rollout/episodes.py`): a dict
@@ -72,7 +72,7 @@ SCORES = "scores"
 """(N,) float: the reward of each response (a reward model's score or a function's)."""
 
 OVERLONG_PENALTY = "overlong_penalty"
-"""(N,) float: DAPO's overlong penalty (<= 0), already added to `SCORES` (`trainer/dapo.py`)."""
+"""(N,) float: DAPO's overlong penalty (<= 0), already added to `SCORES` (`engine/rlmath/dapo.py`)."""
 
 COSTS = "costs"
 """(N,) float: Safe-RLHF's cost of each response (positive = unsafe)."""
@@ -108,7 +108,7 @@ PTX_INPUT_IDS = "ptx_input_ids"
 PTX_ATTENTION_MASK = "ptx_attention_mask"
 """(N, L) long: its attention mask."""
 
-# --- row timings (`trainer/control/streaming.py`) --------------------------------------------
+# --- row timings (`trainer/streaming/chunks.py`) --------------------------------------------
 
 GENERATED_AT = "generated_at"
 """(N,) float64: wall-clock time (Unix seconds) at which the row's generation call returned it."""

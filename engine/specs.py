@@ -1,6 +1,6 @@
 """What each worker is told: small typed settings, resolved by the controller from the recipe.
 
-Workers never see the recipe. The controller (`trainer/control/worker_specs.py`) makes the
+Workers never see the recipe. The controller (`trainer/placement/worker_specs.py`) makes the
 choices a recipe leaves implicit -- the active algorithm's KL and clip, the critic's initial
 weights, the mini-batch of a whole step, the optimizer steps of the run -- and hands each role
 one of the specs below. They are plain frozen dataclasses, so they pickle to Ray workers.
@@ -58,7 +58,7 @@ class OptimSpec:
 
 @dataclass(frozen=True)
 class KLSettings:
-    """coef: weight of the KL to the reference; estimator: k1/k2/k3/abs (`losses.kl_estimate`);
+    """coef: weight of the KL to the reference; estimator: k1/k2/k3/abs (`rlmath/kl.py`);
     in_reward: charged per token in the reward (true) or added to the actor's loss (false)."""
 
     coef: float
@@ -104,10 +104,10 @@ class ActorSpec:
     recompute_old_log_probs: bool
     offload_in_rollout: bool
     seed: int
-    policy_loss: str = "ppo"  # a name in engine/training/losses.py: POLICY_LOSSES
-    loss_agg_mode: str = "token-mean"  # losses.aggregate's mode, for the policy and KL terms
+    policy_loss: str = "ppo"  # a name in rlmath/policy_losses.py: POLICY_LOSSES
+    loss_agg_mode: str = "token-mean"  # a name in rlmath/aggregation.py: AGGREGATIONS, for the policy and KL terms
     lora: Optional[LoraSpec] = None  # None: the whole model trains
-    off_policy_correction: str = "none"  # losses.behaviour_weights' mode: none, tis, decoupled
+    off_policy_correction: str = "none"  # a name in rlmath/off_policy.py: none, tis, decoupled
     off_policy_cap: float = 2.0
 
 

@@ -15,7 +15,7 @@ Counts are kept per (phase, model label), as integers, in this process:
                    before the forward attends to c + p + 1 keys (padding counted: it is computed)
   logits           positions the head ran on
   backward_*       the same three, through a backward pass
-The controller turns them into FLOPs with the model's shape (`trainer/control/work_needed.py`).
+The controller turns them into FLOPs with the model's shape (`trainer/work/needed.py`).
 
 The phase is the worker method running, set by `groups/dispatch.register` (`PHASES`), per
 thread: a streamed step generates on one thread while it scores on another. A hook adds a few

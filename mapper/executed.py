@@ -1,7 +1,7 @@
 """Memory per device of the strategy hflow executes, which is not the one `hflow map` searches.
 
 The search plans Megatron-style tensor x pipeline x data parallelism for every model
-(strategy.py). hflow's own engine runs less (trainer/control/placement.py and worker_specs.py,
+(strategy.py). hflow's own engine runs less (trainer/placement/worker_groups.py and worker_specs.py,
 engine/workers/, engine/training/train_engine.py, engine/rollout/hybrid.py):
 
 - trained roles (actor, critics): DeepSpeed ZeRO data parallelism over their pool's devices at
@@ -21,7 +21,7 @@ engine/workers/, engine/training/train_engine.py, engine/rollout/hybrid.py):
 
 `executed_memory(workload, device, pools)` gives the bytes per device of each pool and role,
 with memory.py's accounting; `hflow validate` and `hflow train` compare them with the device's
-usable memory before a run starts (trainer/control/memory_check.py).
+usable memory before a run starts (trainer/placement/memory_check.py).
 """
 
 from __future__ import annotations

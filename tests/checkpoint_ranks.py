@@ -20,7 +20,7 @@ def run(rank: int, world_size: int, port: int, stage: int, dtype: str, model_pat
     from hflow.engine.training.master_state import MOMENTS
     from hflow.engine.training.train_engine import TrainEngine
     from hflow.trainer.config.sections import ActorConfig
-    from hflow.trainer.control.worker_specs import optim_spec
+    from hflow.trainer.placement.worker_specs import optim_spec
 
     ensure_process_group(torch.device("cpu"), rank, world_size)
     cfg = optim_spec(ActorConfig(lr=1e-2, zero_stage=stage, warmup_steps=1))

@@ -25,7 +25,7 @@ MAPPER_ONLY = "auto-mapper example only"  # a recipe's header says so where hflo
 def test_shipped_recipe_validates(name, monkeypatch):
     """`hflow validate --no-inputs` (its models are hub ids or built later): the recipe loads and, where
     it names GPUs, fits their memory as hflow runs it; an auto-mapper example says so instead."""
-    monkeypatch.setattr("hflow.trainer.control.memory_check.visible_gpus", lambda: 0)  # not this machine's
+    monkeypatch.setattr("hflow.trainer.placement.memory_check.visible_gpus", lambda: 0)  # not this machine's
     recipe, path = load_recipe(name)
     assert recipe.name and path.is_file()
     header = path.read_text().splitlines()[:12]

@@ -25,7 +25,7 @@ def _actor(model: str, device: str, zero_stage: int = 1, slots: int = 1, tp: int
            env: str | None = None):
     from hflow.engine.models.loading import load_tokenizer
     from hflow.trainer.data.prompts import PromptData
-    from hflow.trainer.control.placement import build_worker_groups
+    from hflow.trainer.placement.worker_groups import build_worker_groups
     from hflow.trainer.config.load import build_recipe
 
     recipe = build_recipe({

@@ -200,7 +200,7 @@ class Future:
 
 class ChunkedFuture(Future):
     """The rows of several futures of one group's world size, in order: a streamed step's chunks
-    (`trainer/control/streaming.py`), joined without leaving the object store. Handed to a
+    (`trainer/streaming/chunks.py`), joined without leaving the object store. Handed to a
     group's DP call, each rank receives its piece of every chunk (`RowBlocks`) and joins them
     itself; the controller reads only the columns it asks for."""
 

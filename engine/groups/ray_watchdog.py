@@ -12,7 +12,6 @@ inputs have. A call that failed because an input did is reported as that input's
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from hflow.engine.groups.worker import WorkerError

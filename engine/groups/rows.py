@@ -1,6 +1,6 @@
 """Rows of one step that arrived in chunks, put back together as one Batch.
 
-A streamed step (`trainer/control/streaming.py`) generates and scores its rollout chunk by
+A streamed step (`trainer/streaming/chunks.py`) generates and scores its rollout chunk by
 chunk; each chunk is padded to its own widest prompt (P_k) and response (R_k). Joining them
 pads every chunk to the widest of all (prompts on the left, responses on the right, as
 `columns.py` lays them out) and concatenates the rows in chunk order. Padding is cut again

@@ -34,7 +34,7 @@ class Worker:
         """What this process's models computed since the last call, per phase and model
         (`work_meter.take`), and start again from zero. The counts are the process's: colocated
         roles share it, so the first role asked gets them all and the others nothing, and the
-        controller sums every group's ranks (`trainer/control/work_account.py`)."""
+        controller sums every group's ranks (`trainer/work/account.py`)."""
         return work_meter.take()
 
 

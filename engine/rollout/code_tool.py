@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hflow.engine.rollout import sandbox, sandbox_http, unsandboxed
-from hflow.engine.rollout.sandbox import Limits, Outcome, SandboxUnavailable  # noqa: F401  (re-exported)
+from hflow.engine.rollout.sandbox import Limits, SandboxUnavailable
 from hflow.engine.rollout.tools import truncate
 
 SANDBOXES = ("bwrap", "http", "none")

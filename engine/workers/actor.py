@@ -40,14 +40,10 @@ from hflow.engine.rollout.weight_sync import PackedBucket, bucket_count, weight_
 from hflow.engine.seeding import seed_update
 from hflow.engine.specs import ActorSpec
 from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
-from hflow.engine.training.losses import (
-    aggregate,
-    behaviour_weights,
-    kl_estimate,
-    masked_mean,
-    policy_loss,
-    sequence_behaviour_weights,
-)
+from hflow.engine.rlmath.aggregation import aggregate, masked_mean
+from hflow.engine.rlmath.kl import kl_estimate
+from hflow.engine.rlmath.off_policy import behaviour_weights, sequence_behaviour_weights
+from hflow.engine.rlmath.policy_losses import policy_loss
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.training.zero3 import is_partitioned, partitioned_load

@@ -26,7 +26,7 @@ from hflow.engine.models.lora import apply_lora
 from hflow.engine.models.score_model import load_score_model
 from hflow.engine.seeding import seed_update
 from hflow.engine.specs import CriticSpec
-from hflow.engine.training.losses import value_loss
+from hflow.engine.rlmath.value import value_loss
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.training.zero3 import is_partitioned, partitioned_load

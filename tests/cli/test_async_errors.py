@@ -42,7 +42,7 @@ def test_async_on_ray_with_the_rollout_role_sharing_a_pool_is_one_line_before_ra
 
 
 def test_async_on_ray_with_the_rollout_role_mapped_onto_a_training_pool_is_one_line(tiny_model):
-    from hflow.trainer.control.placement import build_worker_groups
+    from hflow.trainer.placement.worker_groups import build_worker_groups
 
     recipe = build_recipe({
         "name": "t", "algorithm": "grpo", "model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits"},

@@ -44,7 +44,7 @@ def _check_account(account):
     """Every phase computed at least what it needed, reached a share of its limit between 0 and a
     sane bound (1 is the machine's best; the peaks are measured on a noisy machine), and the step
     line adds the phases up."""
-    from hflow.trainer.control.bench_account import table
+    from hflow.trainer.work.bench_account import table
 
     phases = account["phases"]
     assert {"generate", "old_log_prob", "reference", "update_actor"} <= set(phases)

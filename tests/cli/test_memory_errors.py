@@ -11,7 +11,7 @@ from hflow.errors import UserError
 from hflow.mapper.workload import ROLES, workload_from_recipe
 from hflow.trainer.config.load import build_recipe, load_recipe
 from hflow.trainer.control.preflight import check_runtime
-from hflow.trainer.control.memory_check import check_memory
+from hflow.trainer.placement.memory_check import check_memory
 
 LLAMA7 = "meta-llama/Llama-2-7b-hf"  # in the mapper's catalog: a hub id is enough, nothing is read
 GRPO_7B = {  # GRPO on 4 A100-80GB: the actor and a reference (the KL term) on one pool
@@ -27,8 +27,8 @@ GRPO_7B = {  # GRPO on 4 A100-80GB: the actor and a reference (the KL term) on o
 @pytest.fixture(autouse=True)
 def _no_visible_gpu(monkeypatch):
     """The check must not depend on the GPUs of the machine running the tests."""
-    monkeypatch.setattr("hflow.trainer.control.memory_check.visible_gpus", lambda: 0)
-    monkeypatch.setattr("hflow.trainer.control.memory_check.detect_gpu", lambda: None)
+    monkeypatch.setattr("hflow.trainer.placement.memory_check.visible_gpus", lambda: 0)
+    monkeypatch.setattr("hflow.trainer.placement.memory_check.detect_gpu", lambda: None)
 
 
 def _data(model: str = LLAMA7, **sections) -> dict:
@@ -142,14 +142,14 @@ def test_cpu_recipes_are_not_checked():
 
 def test_trainer_device_cuda_checks_against_the_visible_gpu(monkeypatch):
     recipe = _recipe(cluster={"gpus": 1, "gpu": "auto"}, trainer={"device": "cuda"})
-    monkeypatch.setattr("hflow.trainer.control.memory_check.detect_gpu", lambda: "a100-40g")
+    monkeypatch.setattr("hflow.trainer.placement.memory_check.detect_gpu", lambda: "a100-40g")
     with pytest.raises(UserError, match="on 1 a100-40g"):
         check_runtime(recipe, "r.yaml")
 
     def unknown_gpu():
         raise UserError("GPU 'RTX 4090' is not in the mapper's catalog")
 
-    monkeypatch.setattr("hflow.trainer.control.memory_check.detect_gpu", unknown_gpu)
+    monkeypatch.setattr("hflow.trainer.placement.memory_check.detect_gpu", unknown_gpu)
     check_runtime(recipe, "r.yaml")  # no figures to check against: skipped
 
 

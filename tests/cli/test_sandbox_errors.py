@@ -30,7 +30,7 @@ def test_sandbox_key_mistakes_are_one_line(overrides, needles):
 
 
 def test_the_default_is_bwrap_and_reaches_the_actor():
-    from hflow.trainer.control.worker_specs import actor_spec
+    from hflow.trainer.placement.worker_specs import actor_spec
 
     recipe, _ = load_recipe("grpo/tiny_calculator")
     assert (recipe.tools.sandbox, recipe.tools.sandbox_url) == ("bwrap", None)

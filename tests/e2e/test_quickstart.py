@@ -26,7 +26,7 @@ def test_quickstart_learns(tmp_path):
     for key in REQUIRED:
         assert all(key in e for e in events), key
     if (os.cpu_count() or 1) > 1 and "OMP_NUM_THREADS" not in os.environ:
-        # A 0.1M-parameter model runs on one thread (trainer/control/cpu_share.py).
+        # A 0.1M-parameter model runs on one thread (trainer/placement/cpu_share.py).
         assert all(e["cpu/threads"] == 1.0 for e in events)
     first = sum(e["reward/mean"] for e in events[:10]) / 10
     last = sum(e["reward/mean"] for e in events[-10:]) / 10

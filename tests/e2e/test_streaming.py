@@ -36,7 +36,7 @@ def test_a_streamed_step_scores_chunks_while_generating_and_learns(tmp_path, tin
     events = _streamed(tmp_path, tiny_model, "local", 12)
     assert all(e["stream/chunks"] == 4 for e in events)
     # Every step reports how far scoring ran ahead of generation; that it does run ahead is shown by
-    # order in tests/trainer/control/test_streaming.py (a clock on a loaded machine can say either).
+    # order in tests/trainer/streaming/test_chunks.py (a clock on a loaded machine can say either).
     assert all(math.isfinite(e["stream/reward_lead_s"]) for e in events)
     first = sum(e["reward/mean"] for e in events[:3]) / 3
     last = sum(e["reward/mean"] for e in events[-3:]) / 3

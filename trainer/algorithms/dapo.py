@@ -22,10 +22,10 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
 from hflow.engine.padding import pad_rollout
+from hflow.engine.rlmath.dapo import overlong_penalty, varied_groups
 from hflow.trainer.algorithms.grpo import compute_advantages
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.session import Session
-from hflow.trainer.dapo import overlong_penalty, varied_groups
 from hflow.trainer.rundir.writer import RunDir
 
 

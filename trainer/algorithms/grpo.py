@@ -4,7 +4,7 @@ Each step samples n responses per prompt, scores them, normalises the scores wit
 each prompt's group, and takes PPO-clip steps on the policy, with a KL term to the
 frozen reference. There is no critic. GSPO (`gspo:`) runs this same program: its
 advantages are GRPO's, and its actor takes a sequence-level ratio (`gspo.policy_loss: gspo`).
-Any registered policy loss (`losses.POLICY_LOSSES`) runs in this loop through
+Any registered policy loss (`engine/rlmath/policy_losses.py`) runs in this loop through
 `grpo.policy_loss`, e.g. CISPO's (`recipes/cispo/tiny.yaml`).
 RLOO and REINFORCE++ run the loop (`run_outcome_loop`) with their own advantages.
 """
@@ -16,12 +16,12 @@ from typing import Callable
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.worker import resolve
-from hflow.trainer import advantages
+from hflow.engine.rlmath import advantages
+from hflow.engine.rlmath.kl import kl_in_reward
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.control.async_rollout import rollouts
+from hflow.trainer.streaming.async_rollout import rollouts
 from hflow.trainer.control.session import Session
-from hflow.trainer.control.streamed_update import train_streamed
-from hflow.trainer.losses import kl_estimate
+from hflow.trainer.streaming.streamed_update import train_streamed
 from hflow.trainer.rundir.writer import RunDir
 
 
@@ -32,8 +32,8 @@ def train(recipe: Recipe, run: RunDir) -> None:
 def run_outcome_loop(recipe: Recipe, run: RunDir, compute: Callable[[Batch, Recipe], Batch]) -> None:
     """Generate, score, `compute` the advantages, update the actor: the loop of the critic-free
     algorithms with one reward per response (GRPO, GSPO, RLOO, REINFORCE++). With `trainer.mode:
-    async` the rollouts come from a generator running ahead (`control/async_rollout.py`), and with
-    `trainer.stream_updates` each mini-batch trains as soon as it is scored (`control/streamed_update.py`)."""
+    async` the rollouts come from a generator running ahead (`streaming/async_rollout.py`), and with
+    `trainer.stream_updates` each mini-batch trains as soon as it is scored (`streaming/streamed_update.py`)."""
     roles = recipe.algorithm_spec.roles_for(recipe.uses_reference)
     with Session(recipe, run, roles) as session:
         session.init_workers()
@@ -46,7 +46,7 @@ def run_outcome_loop(recipe: Recipe, run: RunDir, compute: Callable[[Batch, Reci
                     rollout.trained(step)
                     session.end_step(step, batch, metrics, streamed, rollout.metrics())
                     continue
-                # Generation, reference and reward stream chunk by chunk (`control/streaming.py`).
+                # Generation, reference and reward stream chunk by chunk (`streaming/chunks.py`).
                 batch, streamed = session.score_stream(rollout.chunks(step), reward)
                 batch = session.old_log_probs(batch)
                 if not session.finite_scores(batch, step):  # a NaN/inf score, trainer.on_nonfinite: skip_step
@@ -75,9 +75,8 @@ def compute_advantages(batch: Batch, recipe: Recipe) -> Batch:
 def kl_charged_scores(batch: Batch, recipe: Recipe):
     """(B,) scores, less kl_coef x the response's summed KL to the reference when the algorithm
     charges the KL in the reward (`kl_in_reward`) and a reference ran."""
-    kl_cfg = recipe.kl
     scores = batch[col.SCORES].float()
-    if kl_cfg.in_reward and col.REF_LOG_PROBS in batch:
-        kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], kl_cfg.estimator)
-        scores = scores - kl_cfg.coef * (kl * batch[col.RESPONSE_MASK]).sum(-1)
+    kl = kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl)
+    if kl is not None:
+        scores = scores - recipe.kl.coef * (kl * batch[col.RESPONSE_MASK]).sum(-1)
     return scores

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.trainer import advantages
+from hflow.engine.rlmath import advantages
+from hflow.engine.rlmath.aggregation import masked_mean
+from hflow.engine.rlmath.kl import kl_controller, kl_in_reward
+from hflow.engine.rlmath.value import explained_variance
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.session import Session
 from hflow.trainer.data.ptx import PtxData
-from hflow.trainer.kl_control import kl_controller
-from hflow.trainer.losses import explained_variance, kl_estimate, masked_mean
 from hflow.trainer.rundir.writer import RunDir
 
 
@@ -61,18 +62,11 @@ def compute_advantages(batch: Batch, recipe: Recipe, kl_coef: float) -> Batch:
     """
     p = recipe.ppo
     mask = batch[col.RESPONSE_MASK]
-    rewards = advantages.token_rewards(batch[col.SCORES], mask, token_kl(batch, recipe), kl_coef)
+    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl), kl_coef)
     adv, returns = advantages.gae(rewards, batch[col.VALUES], mask, p.gamma, p.lam)
     if p.whiten_advantages:
         adv = advantages.whiten(adv, mask)
     return Batch({col.TOKEN_REWARDS: rewards, col.ADVANTAGES: adv, col.RETURNS: returns})
-
-
-def token_kl(batch: Batch, recipe: Recipe):
-    """Per-token KL of the rollout policy to the reference (N, R), or None without a reference."""
-    if col.REF_LOG_PROBS not in batch:
-        return None
-    return kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], recipe.kl.estimator)
 
 
 def step_stats(batch: Batch, recipe: Recipe, kl_coef: float, values_key: str = col.VALUES,
@@ -81,7 +75,7 @@ def step_stats(batch: Batch, recipe: Recipe, kl_coef: float, values_key: str = c
     their summed KL (what the adaptive controller tracks), and how well the critic's values
     (before its update) explained the returns."""
     mask = batch[col.RESPONSE_MASK].float()
-    kl = token_kl(batch, recipe)
+    kl = kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl)
     stats = {"kl/coef": kl_coef, "kl/sequence": float((kl * mask).sum(-1).mean()) if kl is not None else 0.0}
     stats[f"{prefix}/vf_explained_var"] = explained_variance(batch[values_key], batch[returns_key], mask)
     stats[f"{prefix}/values_mean"] = float(masked_mean(batch[values_key], mask))

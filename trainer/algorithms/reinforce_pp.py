@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.trainer import advantages
+from hflow.engine.rlmath import advantages
+from hflow.engine.rlmath.kl import kl_in_reward
 from hflow.trainer.algorithms.grpo import run_outcome_loop
-from hflow.trainer.algorithms.ppo import token_kl
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.rundir.writer import RunDir
 
@@ -27,7 +27,7 @@ def train(recipe: Recipe, run: RunDir) -> None:
 def compute_advantages(batch: Batch, recipe: Recipe) -> Batch:
     """Token rewards (score on the last token, -beta x KL on each), reward-to-go, whitened."""
     mask = batch[col.RESPONSE_MASK]
-    rewards = advantages.token_rewards(batch[col.SCORES], mask, token_kl(batch, recipe), recipe.kl.coef)
+    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl), recipe.kl.coef)
     adv, returns = advantages.reinforce_plus_plus(rewards, mask, recipe.reinforce_pp.gamma)
     return Batch({col.TOKEN_REWARDS: rewards, col.ADVANTAGES: adv, col.RETURNS: returns})
 

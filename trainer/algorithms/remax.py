@@ -12,10 +12,10 @@ import torch
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.trainer import advantages
+from hflow.engine.rlmath import advantages
+from hflow.engine.rlmath.kl import kl_in_reward
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.session import Session
-from hflow.trainer.losses import kl_estimate
 from hflow.trainer.rundir.writer import RunDir
 
 
@@ -51,11 +51,9 @@ def train(recipe: Recipe, run: RunDir) -> None:
 def compute_advantages(batch: Batch, baseline: torch.Tensor, recipe: Recipe) -> Batch:
     """Token rewards (score at the last token, KL per token when `kl_in_reward`), reward-to-go,
     minus the greedy baseline of the row's prompt. `baseline`: (prompts,), one per prompt."""
-    kl_cfg, mask = recipe.kl, batch[col.RESPONSE_MASK]
-    kl = None
-    if kl_cfg.in_reward and col.REF_LOG_PROBS in batch:
-        kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], kl_cfg.estimator)
-    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, kl_cfg.coef)
+    mask = batch[col.RESPONSE_MASK]
+    kl = kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl)
+    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, recipe.kl.coef)
     per_row = baseline.float().repeat_interleave(len(batch) // len(baseline))  # rows are grouped by prompt
     adv, returns = advantages.remax(rewards, per_row, mask)
     return Batch({col.TOKEN_REWARDS: rewards, col.ADVANTAGES: adv, col.RETURNS: returns})

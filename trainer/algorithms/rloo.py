@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.trainer import advantages
+from hflow.engine.rlmath import advantages
 from hflow.trainer.algorithms.grpo import kl_charged_scores, run_outcome_loop
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.rundir.writer import RunDir

@@ -6,7 +6,7 @@ PPO (`ppo.py`) with a second score: a cost model (or function), scored like the 
 with its own critic. The policy maximises reward subject to mean episode cost <= d
 (`safe_rlhf.cost_limit`) through the Lagrangian min_theta max_{lambda >= 0}
 -J_R(theta) + lambda * (J_C(theta) - d). Each step:
-  - lambda takes one SGD step on log(lambda) (`trainer/safe_rlhf.py`), from the recent episodes' mean cost;
+  - lambda takes one SGD step on log(lambda) (`engine/rlmath/safe_rlhf.py`), from the recent episodes' mean cost;
   - the KL penalty -beta * KL is split as in safe-rlhf: half added to the reward's token
     rewards, half subtracted from the cost's (so each side carries its share of it);
   - reward and cost each get GAE advantages from their critic, combined for the actor as
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.trainer import advantages
+from hflow.engine.rlmath import advantages
+from hflow.engine.rlmath.kl import kl_controller, kl_in_reward
+from hflow.engine.rlmath.safe_rlhf import Lagrangian, combine_advantages
 from hflow.trainer.algorithms import ppo
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.session import Session
 from hflow.trainer.data.ptx import PtxData
-from hflow.trainer.kl_control import kl_controller
 from hflow.trainer.rundir.writer import RunDir
-from hflow.trainer.safe_rlhf import Lagrangian, combine_advantages
 
 
 def train(recipe: Recipe, run: RunDir) -> None:
@@ -76,7 +76,7 @@ def compute_advantages(batch: Batch, recipe: Recipe, kl_coef: float, multiplier:
     `cost_returns` (the critics' targets), `token_rewards` and `token_costs` (N, R).
     """
     p, mask = recipe.ppo, batch[col.RESPONSE_MASK]
-    kl = ppo.token_kl(batch, recipe)
+    kl = kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl)
     # safe-rlhf's PPOLagTrainer: reward tokens get +0.5 * (-beta * KL), cost tokens -0.5 * (-beta * KL).
     rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, 0.5 * kl_coef)
     costs = advantages.token_rewards(batch[col.COSTS], mask, kl, -0.5 * kl_coef)

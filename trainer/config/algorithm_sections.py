@@ -12,13 +12,16 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
+from hflow.engine.rlmath.aggregation import AGGREGATIONS
+from hflow.engine.rlmath.kl import KL_ESTIMATORS
+from hflow.engine.rlmath.policy_losses import POLICY_LOSSES
+
 from hflow.trainer.config.sections import Section
 
-KLEstimator = Literal["k1", "k2", "k3", "abs"]  # engine/training/losses.py: kl_estimate
-# engine/training/losses.py: aggregate (verl's `loss_agg_mode` names)
-LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-# engine/training/losses.py: POLICY_LOSSES (a test holds the two equal)
-PolicyLossName = Literal["ppo", "gspo", "cispo"]
+# The names the RL math registers (engine/rlmath/): a recipe accepts exactly those.
+KLEstimator = Literal[KL_ESTIMATORS.names()]
+LossAggMode = Literal[AGGREGATIONS.names()]  # verl's `loss_agg_mode` names
+PolicyLossName = Literal[POLICY_LOSSES.names()]
 KLCoef = Annotated[float, Field(ge=0)]
 ClipBound = Annotated[float, Field(ge=0)]
 

@@ -14,13 +14,10 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hflow.engine.specs import KLSettings
-from hflow.trainer.config.algorithm_sections import (  # noqa: F401  (re-exported: recipe.py was their home)
-    ClipSection,
+from hflow.trainer.config.algorithm_sections import (
     DAPOConfig,
     GRPOConfig,
     GSPOConfig,
-    KLEstimator,
-    KLSection,
     PPOConfig,
     ReinforcePPBaselineConfig,
     ReinforcePPConfig,
@@ -28,23 +25,22 @@ from hflow.trainer.config.algorithm_sections import (  # noqa: F401  (re-exporte
     RLOOConfig,
     SafeRLHFConfig,
 )
-from hflow.trainer.config.sections import (  # noqa: F401  (re-exported, as above)
-    ActorConfig,
+from hflow.trainer.config.run_sections import (
     ClusterConfig,
+    EvalConfig,
+    LoggingConfig,
+    PlacementConfig,
+    TrainerConfig,
+)
+from hflow.trainer.config.sections import (
+    ActorConfig,
     CostConfig,
     CriticConfig,
     DataConfig,
-    EvalConfig,
-    LoggingConfig,
     ModelConfig,
-    OptimConfig,
-    PlacementConfig,
     ReferenceConfig,
     RewardConfig,
     RolloutConfig,
-    Section,
-    TrainerConfig,
-    WandbConfig,
 )
 from hflow.trainer.config.tools_section import ToolsConfig
 from hflow.trainer.roles import ALGORITHMS, Algorithm
@@ -234,7 +230,7 @@ class Recipe(BaseSettings):
 
     @model_validator(mode="after")
     def _check_stream(self) -> "Recipe":
-        """What `rollout.stream_prompts` runs with (see `trainer/control/streaming.py`)."""
+        """What `rollout.stream_prompts` runs with (see `trainer/streaming/chunks.py`)."""
         chunk, per_step = self.rollout.stream_prompts, self.trainer.prompts_per_step
         if not chunk:
             return self
@@ -248,7 +244,7 @@ class Recipe(BaseSettings):
 
     @model_validator(mode="after")
     def _check_async(self) -> "Recipe":
-        """What `trainer.mode: async` runs with (see `trainer/control/async_rollout.py`)."""
+        """What `trainer.mode: async` runs with (see `trainer/streaming/async_rollout.py`)."""
         if self.actor.off_policy_correction != "none" and not self.actor.recompute_old_log_probs:
             raise ValueError(f"actor.off_policy_correction={self.actor.off_policy_correction} needs "
                              "actor.recompute_old_log_probs: true (its weight is the old log-probs over the sampler's)")
@@ -276,7 +272,7 @@ class Recipe(BaseSettings):
 
     @model_validator(mode="after")
     def _check_stream_updates(self) -> "Recipe":
-        """What `trainer.stream_updates` runs with (see `trainer/control/streamed_update.py`)."""
+        """What `trainer.stream_updates` runs with (see `trainer/streaming/streamed_update.py`)."""
         if not self.trainer.stream_updates:
             return self
         if self.trainer.mode != "async":
@@ -348,12 +344,12 @@ class Recipe(BaseSettings):
 
     @property
     def loss_agg_mode(self) -> str:
-        """The active algorithm's loss aggregation (`losses.aggregate`)."""
+        """The active algorithm's loss aggregation (`engine/rlmath/aggregation.py`)."""
         return getattr(self, self.algorithm_spec.settings).loss_agg_mode
 
     @property
     def policy_loss(self) -> str:
-        """The active algorithm's policy loss (`engine/training/losses.py: POLICY_LOSSES`)."""
+        """The active algorithm's policy loss (`engine/rlmath/policy_losses.py`)."""
         return getattr(self, self.algorithm_spec.settings).policy_loss
 
     @property

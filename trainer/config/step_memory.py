@@ -8,7 +8,7 @@ out of memory, or fail at the first generation. Two checks, each one line naming
 - prompt + response must fit the model's context (`max_position_embeddings` of its config.json);
 - the step's memory (`step_memory`, a rough lower bound) must fit the machine's: on the CPU all
   of it; with a GPU only the rows, which the controller holds in the machine's memory (what the
-  GPUs hold is `control/memory_check.py`'s). The model's weights and optimizer state are not
+  GPUs hold is `placement/memory_check.py`'s). The model's weights and optimizer state are not
   counted here: they do not grow with these sizes.
 """
 

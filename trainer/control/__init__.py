@@ -1,1 +1,2 @@
-"""The controller's machinery around an algorithm's loop: the session, placement of worker groups, evaluation, benchmarks."""
+"""The run's lifecycle around an algorithm's loop: the checks before it starts, the session that
+drives its steps (stages, metrics, checkpoints, the end), evaluation, and what a bad step does."""

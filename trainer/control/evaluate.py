@@ -26,7 +26,7 @@ from hflow.engine.groups.dist import pick_device
 from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.episode_stats import episode_metrics
-from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.placement.worker_groups import build_worker_groups
 from hflow.trainer.data.prompts import encode_rows, read_eval_rows
 
 CORRECT = 1.0  # a response counts as right when its reward reaches this

@@ -11,7 +11,7 @@ from pathlib import Path
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.config.step_memory import check_step
-from hflow.trainer.control.memory_check import check_memory
+from hflow.trainer.placement.memory_check import check_memory
 
 
 def check_runtime(recipe: Recipe, origin: str, roles: list[str] | None = None) -> None:

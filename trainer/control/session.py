@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import sys
 import time
 from typing import Any, Iterator
@@ -23,20 +22,19 @@ from hflow.engine.models.loading import load_tokenizer
 from hflow.errors import RunFailed, UserError
 from hflow.mapper.models import resolve_model
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.control.cpu_share import CpuShare
-from hflow.trainer.control.episode_stats import episode_metrics, episode_sample
 from hflow.trainer.control.evaluate import Evaluator
-from hflow.trainer.control.nonfinite import SKIPPED, check_update, finite, nonfinite_problem, scorer_name
-from hflow.trainer.control.placement import WorkerGroups, build_worker_groups
-from hflow.trainer.stop import is_stop, stop_message
-from hflow.trainer.control.streaming import score_chunks
-from hflow.trainer.control.work_account import work_metrics
+from hflow.trainer.control.nonfinite import SKIPPED, check_update, nonfinite_problem, scorer_name
+from hflow.trainer.control.step_record import rollout_metrics, samples
 from hflow.trainer.data.prompts import PromptData
-from hflow.trainer.losses import kl_estimate, masked_mean
+from hflow.trainer.placement.cpu_share import CpuShare
+from hflow.trainer.placement.worker_groups import WorkerGroups, build_worker_groups
 from hflow.trainer.report.progress import Progress
 from hflow.trainer.report.wandb_log import WandbLogger
 from hflow.trainer.rundir import layout
 from hflow.trainer.rundir.writer import RunDir
+from hflow.trainer.stop import is_stop, stop_message
+from hflow.trainer.streaming.chunks import score_chunks
+from hflow.trainer.work.account import work_metrics
 
 log = logging.getLogger("hflow.session")
 # The columns a step's event and samples are computed from (fetched once per step).
@@ -156,7 +154,7 @@ class Session:
 
     def score_stream(self, chunks, reward) -> tuple[Batch, dict[str, float]]:
         """Stages `reference` and `reward` on each chunk of a step's rollout as it arrives
-        (`streaming.py`); the joined step and its `stream/*` metrics. The reference runs on the
+        (`streaming/chunks.py`); the joined step and its `stream/*` metrics. The reference runs on the
         joined step instead when it is the actor itself (LoRA: its adapters switched off), whose
         weights the generation in flight is using."""
         if self.generator_owns_memory():
@@ -344,54 +342,6 @@ def _check_divisible(recipe: Recipe, groups: WorkerGroups) -> None:
             if value % world:
                 raise UserError(f"{key}={value} does not split evenly over the {world} ranks of the "
                                 f"{role} group; use a multiple of {world}")
-
-
-def rollout_metrics(batch: Batch, recipe: Recipe) -> dict[str, float]:
-    """The step's rollout statistics; reward/* and cost/* of the finite scores only (a skipped
-    step's NaN or inf rows are left out, and a step without any finite score has none)."""
-    scores = finite(batch[col.SCORES].float())
-    mask = batch[col.RESPONSE_MASK].float()
-    lengths = mask.sum(-1)
-    metrics = {
-        **({"reward/mean": float(scores.mean()),
-            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-            "reward/min": float(scores.min()),
-            "reward/max": float(scores.max())} if len(scores) else {}),
-        "response_length/mean": float(lengths.mean()),
-        "response_length/max": float(lengths.max()),
-        "entropy/mean": float(masked_mean(batch[col.ENTROPY], mask)),
-    }
-    if col.REF_LOG_PROBS in batch:
-        kl = kl_estimate(batch[col.OLD_LOG_PROBS], batch[col.REF_LOG_PROBS], recipe.kl.estimator)
-        metrics["kl/mean"] = float(masked_mean(kl, mask))
-    if col.EPISODE in batch:
-        metrics.update(episode_metrics(batch[col.EPISODE]))
-    costs = finite(batch[col.COSTS].float()) if col.COSTS in batch else []
-    if len(costs):
-        metrics.update({"cost/mean": float(costs.mean()), "cost/max": float(costs.max()),
-                        "cost/std": float(costs.std()) if len(costs) > 1 else 0.0})
-    return metrics
-
-
-def samples(batch: Batch, step: int, count: int) -> list[dict[str, Any]]:
-    rows = range(0, len(batch), max(1, len(batch) // max(1, count)))
-    out = []
-    for row in list(rows)[:count]:
-        prompt = batch[col.PROMPT][row]
-        out.append({
-            "step": step,
-            "prompt": prompt if isinstance(prompt, str) else json.dumps(prompt),
-            "response": batch[col.RESPONSE_TEXT][row],
-            "reward": _number(batch[col.SCORES][row]),
-            **({"cost": _number(batch[col.COSTS][row])} if col.COSTS in batch else {}),
-            **({"episode": episode_sample(batch[col.EPISODE][row])} if col.EPISODE in batch else {}),
-        })
-    return out
-
-
-def _number(value) -> float | None:
-    """A score for samples.jsonl: None for NaN or inf, which JSON has no numbers for."""
-    return float(value) if math.isfinite(float(value)) else None
 
 
 def _open_wandb(recipe: Recipe, run: RunDir):

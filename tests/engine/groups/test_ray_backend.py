@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from helpers import assert_same_adam_step, run_hflow, write_recipe
 from hflow.engine.groups.batch import Batch
-from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.placement.worker_groups import build_worker_groups
 from hflow.trainer.config.load import build_recipe
 
 TESTS = Path(__file__).resolve().parents[2]

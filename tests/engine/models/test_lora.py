@@ -12,7 +12,7 @@ from hflow.engine.training.logprobs import batched_log_probs
 from hflow.engine.specs import LoraSpec
 from hflow.errors import UserError
 from hflow.trainer.config.load import build_recipe
-from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.placement.worker_groups import build_worker_groups
 from hflow.trainer.data.prompts import PromptData
 
 

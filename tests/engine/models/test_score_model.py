@@ -14,7 +14,7 @@ from hflow.engine.models.loading import build_tiny_score_model, load_causal_lm, 
 from hflow.engine.models.score_model import last_token_scores, load_score_model
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.control.worker_specs import worker_spec
+from hflow.trainer.placement.worker_specs import worker_spec
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.models.loading import load_tokenizer
 from hflow.engine.rollout.gathered_generator import GatheredGenerator
 from hflow.trainer.config.load import build_recipe
-from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.placement.worker_groups import build_worker_groups
 from hflow.trainer.data.prompts import PromptData
 
 

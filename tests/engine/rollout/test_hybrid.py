@@ -13,7 +13,7 @@ from peak_memory import PeakResident
 from hflow.engine.groups.batch import Batch
 from hflow.engine.rollout.hybrid import resident_bytes
 from hflow.trainer.config.load import build_recipe
-from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.placement.worker_groups import build_worker_groups
 
 TESTS = Path(__file__).resolve().parents[2]
 

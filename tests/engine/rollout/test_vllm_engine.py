@@ -102,7 +102,7 @@ def fake_vllm(monkeypatch):
 def _actor(tiny_model, zero_stage=1):
     from hflow.engine.models.loading import load_tokenizer
     from hflow.trainer.data.prompts import PromptData
-    from hflow.trainer.control.placement import build_worker_groups
+    from hflow.trainer.placement.worker_groups import build_worker_groups
     from hflow.trainer.config.load import build_recipe
 
     recipe = build_recipe({

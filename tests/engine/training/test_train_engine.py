@@ -15,7 +15,7 @@ from hflow.engine.models.loading import load_causal_lm
 from hflow.engine.training.master_state import MOMENTS, MasterState
 from hflow.engine.training.train_engine import TrainEngine, deepspeed_config, lr_lambda
 from hflow.trainer.config.sections import ActorConfig
-from hflow.trainer.control.worker_specs import optim_spec
+from hflow.trainer.placement.worker_specs import optim_spec
 
 WRAPPERS = {(0, "float32"): "AdamW", (0, "bfloat16"): "FP16_UnfusedOptimizer",
             (1, "float32"): "DeepSpeedZeroOptimizer", (1, "bfloat16"): "BF16_Optimizer",
@@ -216,7 +216,7 @@ from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.models.loading import load_causal_lm
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.trainer.config.sections import ActorConfig
-from hflow.trainer.control.worker_specs import optim_spec
+from hflow.trainer.placement.worker_specs import optim_spec
 ensure_process_group(torch.device("cpu"))
 model = load_causal_lm({str(tiny_model)!r}, torch.float32)
 engine = TrainEngine(model, optim_spec(ActorConfig(zero_stage=1)), total_updates=2, micro_batch_size=2,

@@ -7,7 +7,7 @@ from helpers import assert_same_adam_step
 from hflow.engine.groups.batch import Batch
 from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.data.prompts import PromptData
-from hflow.trainer.control.placement import build_worker_groups
+from hflow.trainer.placement.worker_groups import build_worker_groups
 from hflow.trainer.config.load import build_recipe
 
 

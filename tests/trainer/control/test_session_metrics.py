@@ -12,7 +12,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.worker import ResourcePool, WorkerGroup
 from hflow.errors import UserError
 from hflow.trainer.config.load import build_recipe
-from hflow.trainer.control.placement import WorkerGroups
+from hflow.trainer.placement.worker_groups import WorkerGroups
 from hflow.trainer.control.session import _check_divisible, rollout_metrics, samples
 
 

@@ -1,0 +1,135 @@
+"""What a phase needs, worked out by hand for a tiny shape: a prompt once for its group, only
+real tokens (padding excluded), logits only where a token is scored, the update 3x a forward,
+generation's weights read once per decoding step of each decode batch, AdamW's 28 bytes."""
+
+import pytest
+import torch
+
+from hflow.engine.groups.batch import Batch
+from hflow.mapper.models import ModelShape
+from hflow.trainer.config.load import build_recipe
+from hflow.trainer.work.account import phase_needs, work_metrics
+from hflow.trainer.work.needed import (
+    Counts,
+    computed_flops,
+    forward_flops,
+    generation_bytes,
+    lora_params,
+    reward_counts,
+    scoring_counts,
+    step_rows,
+    update_bytes,
+)
+
+# 2 layers, hidden 4, 2 heads of 2 (1 KV head: kv_dim 2), ffn 8, vocabulary 10.
+# A layer: q, o 16 each, k, v 8 each, MLP 3 x 32, two norms 4 each: 152. Body 304, LM head 40.
+# All weights: embedding 40 + 304 + final norm 4 + LM head 40 = 388.
+SHAPE = ModelShape("hand", layers=2, hidden=4, heads=2, kv_heads=1, ffn=8, vocab=10)
+
+# Prompt group "a" (3 tokens) with responses of 2 and 4 tokens, group "b" (2 tokens, left-padded)
+# with a response of 1 token (right-padded): P = 3, R = 4.
+MASK = torch.tensor([[1, 1, 1, 1, 1, 0, 0],
+                     [1, 1, 1, 1, 1, 1, 1],
+                     [0, 1, 1, 1, 0, 0, 0]])
+ROWS = step_rows(MASK, 4, ["a", "a", "b"])
+
+
+def test_rows_count_real_tokens_and_prompt_groups():
+    assert ROWS.prompt_lengths.tolist() == [3, 3, 2]
+    assert ROWS.response_lengths.tolist() == [2, 4, 1]
+    assert ROWS.group_prompts().tolist() == [3, 2]
+    assert step_rows(MASK, 4, None).group_prompts().tolist() == [3, 3, 2]  # no uids: each row alone
+
+
+def test_the_same_prompt_in_two_groups_is_needed_once():
+    # Two uids sampling one prompt (a data set that holds it twice), and a third prompt of the same
+    # length but other tokens: the prompt's tokens, not the uid, decide what can be run once.
+    ids = torch.tensor([[5, 6, 7, 1, 1, 0, 0],
+                        [5, 6, 7, 1, 1, 1, 1],
+                        [5, 6, 8, 1, 0, 0, 0]])
+    mask = torch.tensor([[1] * 5 + [0] * 2, [1] * 7, [1] * 4 + [0] * 3])
+    rows = step_rows(mask, 4, ["a", "b", "c"], ids)
+    assert rows.groups.tolist() == [0, 0, 1]
+    assert rows.group_prompts().tolist() == [3, 3]
+    assert step_rows(mask, 4, ["a", "b", "c"]).group_prompts().tolist() == [3, 3, 3]  # by uid alone
+
+
+def test_scoring_counts_a_shared_prompt_once_and_no_padding():
+    # prompts once: 3 + 2 = 5 positions; responses need r - 1 more: 1 + 3 + 0 = 4
+    # keys (position p attends to p + 1): prompts 1+2+3 + 1+2 = 9; row 0 at position 3: 4;
+    # row 1 at positions 3, 4, 5: 4 + 5 + 6 = 15; row 2: none -> 28
+    # logits: the last prompt position once per group (2), then r - 1 per row (4)
+    assert scoring_counts(ROWS) == Counts(tokens=9, keys=28, logits=6)
+    # 2 x 304 x 9 + 4 x 2 layers x 4 hidden x 28 + 2 x 40 x 6
+    assert forward_flops(SHAPE, True, scoring_counts(ROWS)) == 5472 + 896 + 480
+
+
+def test_a_reward_model_reads_every_response_token_and_one_score_per_row():
+    # prompts 5 + responses 7 positions; keys 9 + (4 + 5) + (4 + 5 + 6 + 7) + 3 = 43; 3 scores
+    assert reward_counts(ROWS) == Counts(tokens=12, keys=43, logits=3)
+    assert forward_flops(SHAPE, False, reward_counts(ROWS)) == 2 * 304 * 12 + 32 * 43 + 2 * 4 * 3
+
+
+def test_computed_flops_count_the_backward_twice():
+    counted = {"tokens": 10, "keys": 5, "logits": 3, "backward_tokens": 1, "backward_keys": 2, "backward_logits": 1}
+    forward = 2 * 304 * 10 + 32 * 5 + 2 * 40 * 3
+    backward = 2 * 304 * 1 + 32 * 2 + 2 * 40 * 1
+    assert computed_flops(SHAPE, True, counted) == forward + 2 * backward
+
+
+def test_generation_reads_the_weights_per_decoding_step_of_each_decode_batch():
+    # float32 weights: 388 x 4 = 1552 bytes. Decode batches of 2 rows: rows 0-1 decode max(1, 3) = 3
+    # steps after their prefill (4 reads), row 2 none (1 read): 5 x 1552. KV cache: the 19 decode
+    # keys of `scoring_counts` x 2 (K and V) x 2 layers x kv_dim 2 x 4 bytes = 19 x 32.
+    assert generation_bytes(SHAPE, ROWS, batch_rows=2, dtype_bytes=4) == 5 * 1552 + 19 * 32
+
+
+def test_an_update_reads_weights_twice_and_adamw_state_per_optimizer_step():
+    # per step: forward + backward 2 x 1552, AdamW 28 x 388 bytes; 2 steps
+    assert update_bytes(SHAPE, True, 4, optimizer_steps=2, trained_params=388) == 2 * (2 * 1552 + 28 * 388)
+    # LoRA rank 2 on q (4 -> 4) and v (4 -> 2): 2 layers x (2 x 8 + 2 x 6) = 56
+    assert lora_params(SHAPE, 2, ["q_proj", "v_proj"]) == 56
+
+
+def _recipe(epochs=1, mini_batch_size=None):
+    actor = {"epochs": epochs, "mini_batch_size": mini_batch_size, "micro_batch_size": 2}
+    return build_recipe({"algorithm": "grpo", "model": {"path": "unused"}, "data": {"train": "synthetic:digits"},
+                         "rollout": {"n": 2}, "trainer": {"prompts_per_step": 2}, "actor": actor}, {}, "test")
+
+
+def test_the_update_needs_three_forwards_per_epoch():
+    recipe = _recipe(epochs=2, mini_batch_size=2)
+    flops, nbytes = phase_needs("update_actor", "actor", SHAPE, ROWS, recipe)
+    assert flops == 2 * 3 * forward_flops(SHAPE, True, scoring_counts(ROWS))
+    # 2 epochs x 4 sequences / 2 per mini-batch = 4 optimizer steps, float32 on the CPU
+    assert nbytes == update_bytes(SHAPE, True, 4, 4, SHAPE.params(True))
+
+
+class _Group:
+    def __init__(self, counts):
+        self.counts = counts
+
+    def has_method(self, name):
+        return True
+
+    def take_work(self):
+        return self.counts  # one entry per rank
+
+
+def test_step_metrics_sum_every_groups_ranks(monkeypatch):
+    from hflow.trainer.work import account as work_account
+
+    monkeypatch.setattr(work_account, "role_shapes", lambda recipe: {"actor": SHAPE})
+    one = {"generate": {"actor": {"tokens": 10}}, "eval": {"actor": {"tokens": 99}}}
+    groups = {"actor": _Group([one, one]), "reward": _Group([{}])}
+    view = Batch({"attention_mask": MASK, "response_mask": MASK[:, 3:]}, {"uid": ["a", "a", "b"]})
+    metrics = work_metrics(groups, _recipe(), view, {"generate": 0.1, "reward": 0.1})
+    assert metrics["work/generate/computed_flops"] == 2 * 304 * 20  # both ranks' tokens
+    assert metrics["work/generate/needed_flops"] == forward_flops(SHAPE, True, scoring_counts(ROWS))
+    assert set(metrics) == {f"work/generate/{k}" for k in ("needed_flops", "needed_bytes", "computed_flops")}
+
+
+@pytest.mark.parametrize("phase", ["old_log_prob", "reference"])
+def test_scoring_passes_need_one_forward_and_one_read_of_the_weights(phase):
+    flops, nbytes = phase_needs(phase, "actor", SHAPE, ROWS, _recipe())
+    assert (flops, nbytes) == (forward_flops(SHAPE, True, scoring_counts(ROWS)), 1552)

@@ -1,0 +1,154 @@
+"""Each step's work account: what every phase needed, and what the workers computed.
+
+Per phase of the step that ran (its stage was timed, or its models counted work) the step's event
+gets `work/<phase>/needed_flops` and `work/<phase>/needed_bytes` (`needed.py`, from the
+step's rows) and `work/<phase>/computed_flops` (the engine's meter, `engine/work_meter.py`,
+summed over every group's ranks; absent where nothing was counted: the vllm engine runs outside
+the meter). Only counters: `hflow bench step` turns them into time limits and shares of them.
+
+Counted as it ran: ReMax's greedy rollout and DAPO's extra sampling rounds are generation work
+its rows do not need (their rollouts are not the step's batch), so they show as computed above
+needed. In `trainer.mode: async` the generator works ahead: its generation is counted at the
+step during which it ran, and on the ray backend (the rollout role's pool) not at all: asking it
+would wait behind the generation in flight.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from hflow.engine import columns as col
+from hflow.engine.groups.dist import pick_device
+from hflow.engine.groups.worker import resolve
+from hflow.engine.models.loading import resolve_dtype
+from hflow.errors import UserError
+from hflow.mapper.models import ModelShape, resolve_model
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.work.needed import (
+    BACKWARD,
+    StepRows,
+    computed_flops,
+    forward_flops,
+    generation_bytes,
+    lora_params,
+    reward_counts,
+    scoring_counts,
+    step_rows,
+    update_bytes,
+    weights_bytes,
+)
+
+PHASES = ("generate", "old_log_prob", "reference", "values", "reward", "update_actor", "update_critic")
+# The models (by the label their workers count under) whose work each phase is.
+PHASE_MODELS = {"generate": ("actor",), "old_log_prob": ("actor",), "reference": ("reference",),
+                "values": ("critic", "cost_critic"), "reward": ("reward", "cost"), "update_actor": ("actor",),
+                "update_critic": ("critic", "cost_critic")}
+LM_HEAD = ("actor", "reference")  # the others score with a hidden x 1 head
+
+
+def work_metrics(groups, recipe: Recipe, view, timings: dict[str, float]) -> dict[str, float]:
+    """The step's `work/*` keys; `view` holds its rows' attention and response masks and uids."""
+    counts = take_counts(groups)
+    shapes = role_shapes(recipe)
+    rows = step_rows(view[col.ATTENTION_MASK], view[col.RESPONSE_MASK].shape[1],
+                     view[col.UID] if col.UID in view else None,
+                     view[col.INPUT_IDS] if col.INPUT_IDS in view else None)
+    metrics = {}
+    for phase in PHASES:
+        if phase not in timings and phase not in counts:
+            continue
+        labels = [label for label in needed_labels(phase, recipe) if label in shapes]
+        if not labels:  # a reward function: no model to account for
+            continue
+        flops, nbytes = zip(*(phase_needs(phase, label, shapes[label], rows, recipe) for label in labels))
+        metrics[f"work/{phase}/needed_flops"] = sum(flops)
+        metrics[f"work/{phase}/needed_bytes"] = sum(nbytes)
+        counted = {label: c for label, c in counts.get(phase, {}).items() if label in shapes}
+        if counted:
+            metrics[f"work/{phase}/computed_flops"] = sum(
+                computed_flops(shapes[label], label in LM_HEAD, c) for label, c in counted.items())
+    return metrics
+
+
+def needed_labels(phase: str, recipe: Recipe) -> tuple[str, ...]:
+    """The models a phase needs: the reference is the actor's base weights under the actor's LoRA."""
+    if phase == "reference":
+        return ("actor",) if recipe.reference_in_actor else ("reference",)
+    return PHASE_MODELS[phase]
+
+
+def take_counts(groups) -> dict[str, dict[str, dict[str, int]]]:
+    """Every group's ranks' meter counts, summed ({phase: {label: {field: count}}}). The rollout role
+    of async mode is not asked (its calls queue behind the generation it runs ahead)."""
+    total: dict[str, dict[str, dict[str, int]]] = {}
+    for role, group in groups.items():
+        if role == "rollout" or not group.has_method("take_work"):
+            continue
+        for rank in resolve(group.take_work()):
+            for phase, labels in rank.items():
+                for label, fields in labels.items():
+                    into = total.setdefault(phase, {}).setdefault(label, {})
+                    for field, value in fields.items():
+                        into[field] = into.get(field, 0) + value
+    return total
+
+
+def role_shapes(recipe: Recipe) -> dict[str, ModelShape]:
+    """The shape of each role's model (the mapper's `resolve_model`), where it is known."""
+    shapes = {}
+    for role, source in recipe.role_models().items():
+        config = Path(source).expanduser() / "config.json"
+        stamp = config.stat().st_mtime_ns if config.is_file() else None  # a model rebuilt in place is read again
+        shape = _shape(source, recipe.model.init if source == recipe.model.path else None, stamp)
+        if shape is not None:
+            shapes[role] = shape
+    return shapes
+
+
+@functools.lru_cache(maxsize=32)
+def _shape(source: str, init: str | None, _stamp: int | None) -> ModelShape | None:
+    try:
+        return resolve_model(source, init=init)
+    except UserError:
+        return None
+
+
+def dtype_bytes(recipe: Recipe) -> int:
+    """Bytes per weight in the run's dtype (`model.dtype`, `auto` as the workers resolve it)."""
+    dtype = resolve_dtype(recipe.model.dtype, pick_device(recipe.trainer.device))
+    return torch.finfo(dtype).bits // 8
+
+
+def decode_batch_rows(recipe: Recipe) -> int:
+    """Rows the hf engine decodes together: whole prompt groups within `rollout.batch_size`."""
+    n = recipe.rollout.n
+    return max(1, recipe.rollout.batch_size // n) * n
+
+
+def trained_params(recipe: Recipe, section: str, shape: ModelShape) -> int:
+    """Parameters the optimizer updates: the model's, or its LoRA adapters' (and a critic's head)."""
+    lm_head = section == "actor"
+    lora = getattr(recipe, section).lora
+    if lora is None:
+        return shape.params(lm_head)
+    return lora_params(shape, lora.rank, lora.target_modules) + (0 if lm_head else shape.hidden)
+
+
+def phase_needs(phase: str, label: str, shape: ModelShape, rows: StepRows, recipe: Recipe) -> tuple[float, float]:
+    """(FLOPs, bytes) that `phase` needs of the model `label` for the step's `rows`."""
+    lm_head, nbytes = label in LM_HEAD, dtype_bytes(recipe)
+    if phase == "generate":
+        return (forward_flops(shape, True, scoring_counts(rows)),
+                generation_bytes(shape, rows, decode_batch_rows(recipe), nbytes))
+    if phase == "reward":
+        return forward_flops(shape, False, reward_counts(rows)), weights_bytes(shape, False, nbytes)
+    if phase.startswith("update_"):
+        section = "actor" if phase == "update_actor" else "critic"
+        passes = (1 + BACKWARD) * getattr(recipe, section).epochs
+        steps = recipe.updates_per_step(section)
+        return (passes * forward_flops(shape, lm_head, scoring_counts(rows)),
+                update_bytes(shape, lm_head, nbytes, steps, trained_params(recipe, section, shape)))
+    return forward_flops(shape, lm_head, scoring_counts(rows)), weights_bytes(shape, lm_head, nbytes)

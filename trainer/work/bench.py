@@ -1,0 +1,146 @@
+"""Measurements behind `hflow bench`: rollout, full RL step, and the actor's phase switch.
+
+Each returns a JSON-able dict. Throughput follows the HybridFlow paper: prompt + response
+tokens of the global batch divided by the wall time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from typing import Callable
+
+import torch
+
+from hflow.engine import columns as col
+from hflow.engine.groups.batch import Batch
+from hflow.engine.groups.dist import pick_device
+from hflow.engine.groups.worker import resolve
+from hflow.engine.models.loading import load_tokenizer
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.work.bench_account import account
+from hflow.trainer.placement.worker_groups import build_worker_groups
+from hflow.trainer.data.prompts import PromptData
+from hflow.trainer.rundir.writer import RunDir
+
+
+def _actor(recipe: Recipe):
+    device = pick_device(recipe.trainer.device)
+    groups = build_worker_groups(recipe, ["actor"], device)
+    groups["actor"].init_model()
+    data = PromptData(recipe.data, load_tokenizer(recipe.model.path, recipe.model.trust_remote_code),
+                      recipe.seed, recipe.trainer.prompts_per_step)
+    return groups, data
+
+
+def _parameter_count(recipe: Recipe) -> int:
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(recipe.model.path) / "config.json").read_text())
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    inter, vocab = config["intermediate_size"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    attention = hidden * hidden * 2 + 2 * hidden * (hidden // heads) * kv
+    return layers * (attention + 3 * hidden * inter) + 2 * vocab * hidden
+
+
+def bench_rollout(recipe: Recipe, repeats: int) -> dict:
+    """Generation alone: response tokens per second over `repeats` timed rollouts (after a warm-up)."""
+    groups, data = _actor(recipe)
+    try:
+        actor = groups["actor"]
+        resolve(actor.generate_sequences(data.batch(1)))
+        rows = []
+        for step in range(2, repeats + 2):
+            start = time.perf_counter()
+            out = resolve(actor.generate_sequences(data.batch(step)))
+            seconds = time.perf_counter() - start
+            rows.append((seconds, float(out[col.RESPONSE_MASK].sum()), float(out[col.ATTENTION_MASK].sum())))
+    finally:
+        groups.shutdown()
+    seconds = statistics.median(r[0] for r in rows)
+    response = statistics.median(r[1] / r[0] for r in rows)
+    return {"sequences": len(out), "rollout_s": seconds, "response_tokens_per_s": response,
+            "tokens_per_s": statistics.median(r[2] / r[0] for r in rows)}
+
+
+def bench_step(recipe: Recipe, steps: int, train: Callable[[Recipe, RunDir], None]) -> dict:
+    """Full RL steps of the recipe's algorithm, run by `train` (its program, which the caller
+    looks up: the algorithms sit above this layer); medians over the steps after the first, and
+    the efficiency account of each phase (`bench_account.py`)."""
+    recipe.trainer.total_steps = steps
+    recipe.trainer.save_every = 0
+    recipe.logging.samples_per_step = 0
+    recipe.logging.progress = "lines"
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunDir.create(recipe, tmp)
+        try:
+            train(recipe, run)
+        finally:
+            run.close()
+        events = run.events()[1:] or run.events()
+    stages = sorted({k for e in events for k in e if k.startswith("timing/")})
+    params = _parameter_count(recipe)
+    acct = account(events, recipe)
+    return {
+        "actor_update_flops_per_s": update_flops(events, params),
+        # on the recipe's device and in its dtype (a GPU's bf16, not the host's fp32)
+        "matmul_peak_flops_per_s": acct["peaks"]["matmul_1024_flops_per_s"],
+        "matmul_peak_dtype": acct["peaks"]["dtype"],
+        "steps": len(events),
+        "tokens_per_s": statistics.median(e["throughput/tokens_per_s"] for e in events),
+        "step_s": statistics.median(e["timing/step"] for e in events),
+        "stages_s": {k.removeprefix("timing/"): statistics.median(e.get(k, 0.0) for e in events) for k in stages},
+        "peak_bytes": max(e.get("memory/peak_bytes", 0.0) for e in events),
+        "account": acct,
+    }
+
+
+def matmul_peak_flops(size: int = 1024, repeats: int = 10) -> float:
+    """This host's measured fp32 matrix-product rate on the CPU (FLOP/s)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def update_flops(events: list[dict], params: int) -> float:
+    """Achieved FLOP/s of the actor update: 6 x parameters x trained tokens (forward + backward,
+    Kaplan et al. 2020) over the update's time, median over steps."""
+    rates = [6 * params * e["tokens/trained"] / e["timing/update_actor"] for e in events
+             if e.get("timing/update_actor") and e.get("tokens/trained")]
+    return statistics.median(rates) if rates else float("nan")
+
+
+def bench_switch(recipe: Recipe, repeats: int) -> dict:
+    """train -> generate -> score -> train: switch times, and each rank's memory budget per phase
+    (`PhaseSwitch.measure`: what the device holds in training, in rollout with the generator awake,
+    in scoring with it asleep)."""
+    groups, data = _actor(recipe)
+    try:
+        actor = groups["actor"]
+        batch = resolve(actor.generate_sequences(data.batch(1)))
+        batch = batch | resolve(actor.compute_log_prob(batch))
+
+        batch = batch | Batch({col.ADVANTAGES: torch.zeros(len(batch))})
+        resolve(actor.update_actor(batch))
+        rows = [actor.measure_switch() for _ in range(repeats)]
+    finally:
+        groups.shutdown()
+    per_rank = [list(r) if isinstance(r, list) else [r] for r in rows]
+    to_rollout = statistics.median(max(x["to_rollout_s"] for x in r) for r in per_rank)
+    to_train = statistics.median(max(x["to_train_s"] for x in r) for r in per_rank)
+    last = per_rank[-1]
+    to_scoring = statistics.median(max(x["to_scoring_s"] for x in r) for r in per_rank)
+    return {
+        "to_rollout_s": to_rollout,
+        "to_scoring_s": to_scoring,
+        "to_train_s": to_train,
+        "switch_s": to_rollout + to_scoring + to_train,
+        "ranks": [{k: v for k, v in x.items() if k.endswith("bytes") or k == "phases"} for x in last],
+    }

@@ -1,0 +1,197 @@
+"""The efficiency account of `hflow bench step`: per phase of the RL step, what it needed, what
+it computed, the least time this machine allows for it, and the share of that limit it reached.
+
+From each step's `work/<phase>/*` keys (`account.py`) and `timing/<phase>`, medians over the
+steps, and two peaks measured here, on the run's device in the run's dtype:
+  - the matrix-product rate (FLOP/s) at the phase's own shape, (tokens, hidden) x (hidden, ffn):
+    a decode batch's rows for generation, a micro-batch's tokens for scoring and the update
+    (thin products run well below the large-matrix rate, which is reported too);
+  - the memory bandwidth (bytes/s) of a large tensor copy.
+limit = max(needed FLOPs / FLOP/s, needed bytes / bandwidth) (the roofline, Williams et al. 2009);
+share = limit / measured time: 1 would be the machine's best at that shape, so 1 - share is what
+is lost to waste (computed above needed), overheads and kernels below peak. Beside it, the least
+memory the phase holds (weights, optimizer state, one micro-batch's activations, the KV cache:
+the mapper's accounting), against the step's measured peak (`memory/peak_bytes`; RSS on a CPU,
+which also holds Python, torch and the other roles). The step's line is the phases' sum.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from hflow.engine.groups.dist import pick_device
+from hflow.engine.models.loading import resolve_dtype
+from hflow.mapper import memory
+from hflow.mapper.models import ModelShape
+from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.work.account import PHASES, decode_batch_rows, needed_labels, role_shapes
+
+TRAINED = {"update_actor": "actor", "update_critic": "critic"}
+SECTION = {"actor": "actor", "reference": "actor", "critic": "critic", "cost_critic": "critic",
+           "reward": "actor", "cost": "actor"}  # whose micro_batch_size a model's passes use
+
+
+def timed_rate(run, work: float, min_s: float = 0.02, sync=lambda: None) -> float:
+    """`work` per second of `run()`: the best of 5 rounds of at least `min_s` each (after a warm-up)."""
+    run()
+    sync()
+    best = float("inf")
+    for _ in range(5):
+        count, start = 0, time.perf_counter()
+        while True:
+            run()
+            count += 1
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_s:
+                break
+        best = min(best, elapsed / count)
+    return work / best
+
+
+def _sync(device: torch.device):
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def matmul_rate(m: int, k: int, n: int, device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of an (m, k) x (k, n) matrix product (2 m k n per product). On a CPU the better of
+    torch's thread count and one thread: a small product on several threads waits at every
+    parallel region for a core another process holds (a shared machine), one thread never does."""
+    a = torch.randn(max(1, m), k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    flops = 2.0 * max(1, m) * k * n
+    rate = timed_rate(lambda: a @ b, flops, sync=_sync(device))
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        return rate
+    torch.set_num_threads(1)
+    try:
+        return max(rate, timed_rate(lambda: a @ b, flops))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28) -> float:
+    """Bytes/s of copying a large tensor: each copy reads and writes `nbytes`."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    return timed_rate(lambda: dst.copy_(src), 2.0 * nbytes, min_s=0.1, sync=_sync(device))
+
+
+def _median(events: list[dict], key: str) -> float | None:
+    values = [e[key] for e in events if key in e]
+    return statistics.median(values) if values else None
+
+
+def row_tokens(events: list[dict], recipe: Recipe) -> float:
+    """Mean real tokens per row (prompt + response) over the steps."""
+    tokens = [e["throughput/tokens_per_s"] * e["timing/step"] for e in events if "throughput/tokens_per_s" in e]
+    return statistics.median(tokens) / recipe.sequences_per_step if tokens else 1.0
+
+
+def phase_rows(phase: str, label: str, recipe: Recipe, tokens_per_row: float) -> int:
+    """The rows of the phase's typical matrix product: a decode batch, or a micro-batch's tokens."""
+    if phase == "generate":
+        return min(decode_batch_rows(recipe), recipe.sequences_per_step)
+    return int(getattr(recipe, SECTION[label]).micro_batch_size * tokens_per_row)
+
+
+def minimum_memory(phase: str, label: str, shape: ModelShape, recipe: Recipe, tokens_per_row: float,
+                   nbytes: int) -> tuple[float, float]:
+    """(resident, transient) bytes the phase needs at least: the model's weights (and, when it
+    trains, its gradients and AdamW state), and one micro-batch's activations or the decode batch's
+    KV cache."""
+    lm_head = label in ("actor", "reference")
+    seq = max(1, round(tokens_per_row))
+    if label in ("actor", "critic", "cost_critic"):
+        resident = memory.model_states(shape.params(lm_head), nbytes, 1, 1, 1, zero=0).total
+    else:
+        resident = memory.frozen_weights(shape.params(lm_head), nbytes, 1, 1)
+    micro = getattr(recipe, SECTION[label]).micro_batch_size
+    if phase == "generate":
+        return resident, memory.kv_cache(shape, min(decode_batch_rows(recipe), recipe.sequences_per_step), seq, 1,
+                                         nbytes)
+    if phase in TRAINED:
+        return resident, memory.train_activations(shape, lm_head, micro, seq, 1, recipe.model.gradient_checkpointing,
+                                                  nbytes)
+    return resident, memory.inference_activations(shape, lm_head, micro, seq, 1, nbytes)
+
+
+def account(events: list[dict], recipe: Recipe) -> dict:
+    """The account of a run's step events (see the module docstring): {"phases", "step", "peaks"}."""
+    device = pick_device(recipe.trainer.device)
+    dtype = resolve_dtype(recipe.model.dtype, device)
+    nbytes = torch.finfo(dtype).bits // 8
+    shapes, per_row = role_shapes(recipe), row_tokens(events, recipe)
+    peaks = {"matmul_1024_flops_per_s": matmul_rate(1024, 1024, 1024, device, dtype),
+             "bandwidth_bytes_per_s": copy_bandwidth(device), "dtype": str(dtype).removeprefix("torch.")}
+    rates: dict[tuple[int, int, int], float] = {}
+    phases, resident = {}, {}
+    for phase in PHASES:
+        needed = _median(events, f"work/{phase}/needed_flops")
+        if needed is None:
+            continue
+        label = next(label for label in needed_labels(phase, recipe) if label in shapes)
+        shape = shapes[label]
+        product = (phase_rows(phase, label, recipe, per_row), shape.hidden, shape.ffn)
+        if product not in rates:
+            rates[product] = matmul_rate(*product, device, dtype)
+        held, transient = minimum_memory(phase, label, shape, recipe, per_row, nbytes)
+        resident[label] = max(resident.get(label, 0.0), held)
+        phases[phase] = phase_line(events, phase, rates[product], peaks["bandwidth_bytes_per_s"],
+                                   {"matmul_shape": list(product), "min_memory_bytes": held + transient,
+                                    "transient_bytes": transient})
+    step = step_line(phases, sum(resident.values()), max(e.get("memory/peak_bytes", 0.0) for e in events))
+    return {"phases": phases, "step": step, "peaks": peaks}
+
+
+def phase_line(events: list[dict], phase: str, flops_per_s: float, bandwidth: float, extra: dict) -> dict:
+    """One phase's figures: medians over the steps of its needed and computed work and time."""
+    needed = _median(events, f"work/{phase}/needed_flops")
+    nbytes = _median(events, f"work/{phase}/needed_bytes") or 0.0
+    computed = _median(events, f"work/{phase}/computed_flops")
+    measured = _median(events, f"timing/{phase}")
+    limit = max(needed / flops_per_s, nbytes / bandwidth)
+    return {
+        "needed_flops": needed, "needed_bytes": nbytes, "computed_flops": computed,
+        "computed_over_needed": computed / needed if computed is not None and needed else None,
+        "peak_flops_per_s": flops_per_s,
+        "bound": "compute" if needed / flops_per_s >= nbytes / bandwidth else "memory",
+        "limit_s": limit, "measured_s": measured,
+        "share_of_limit": limit / measured if measured else None, **extra,
+    }
+
+
+def step_line(phases: dict, resident: float, peak_bytes: float) -> dict:
+    """The whole step: the phases' sums (computed over needed of the phases that were counted)."""
+    total = {key: sum(p[key] or 0.0 for p in phases.values())
+             for key in ("needed_flops", "needed_bytes", "limit_s", "measured_s")}
+    counted = [p for p in phases.values() if p["computed_flops"] is not None]
+    computed = sum(p["computed_flops"] for p in counted)
+    counted_needed = sum(p["needed_flops"] for p in counted)
+    transient = max((p["transient_bytes"] for p in phases.values()), default=0.0)
+    return {**total, "computed_flops": computed if counted else None,
+            "computed_over_needed": computed / counted_needed if counted_needed else None,
+            "share_of_limit": total["limit_s"] / total["measured_s"] if total["measured_s"] else None,
+            "min_memory_bytes": resident + transient, "peak_memory_bytes": peak_bytes}
+
+
+def table(acct: dict) -> list[str]:
+    """The account as text lines: one per phase, then the step."""
+    head = (f"{'phase':14}{'GFLOP':>10}{'comp/need':>11}{'bound':>9}{'limit s':>10}{'measured s':>12}"
+            f"{'share':>8}{'min MiB':>10}")
+    lines = [head]
+    for name, p in [*acct["phases"].items(), ("step", acct["step"])]:
+        ratio = f"{p['computed_over_needed']:.2f}" if p["computed_over_needed"] is not None else "-"
+        share = f"{p['share_of_limit']:.1%}" if p["share_of_limit"] is not None else "-"
+        measured = f"{p['measured_s']:.4f}" if p["measured_s"] is not None else "-"
+        lines.append(f"{name:14}{p['needed_flops'] / 1e9:>10.3f}{ratio:>11}{p.get('bound', ''):>9}"
+                     f"{p['limit_s']:>10.4f}{measured:>12}{share:>8}{p['min_memory_bytes'] / 2**20:>10.1f}")
+    peaks, step = acct["peaks"], acct["step"]
+    lines.append(f"peaks ({peaks['dtype']}): matrix product {peaks['matmul_1024_flops_per_s'] / 1e9:.1f} GFLOP/s "
+                 f"at 1024^3, memory copy {peaks['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; measured peak memory "
+                 f"{step['peak_memory_bytes'] / 2**20:.0f} MiB against {step['min_memory_bytes'] / 2**20:.1f} MiB needed")
+    return lines
