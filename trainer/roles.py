@@ -1,7 +1,9 @@
-"""What each algorithm is made of: its roles, the sections it trains, where its settings live.
+"""What an algorithm is made of: its roles, the sections it trains, where its settings live, and
+which of the run's modes its loop supports.
 
-The one table the recipe (`config/recipe.py`), the algorithm programs and the registry
-read. It imports nothing from hflow, so the recipe can import it without a cycle.
+Each algorithm declares its row beside its recipe section (`config/algorithm_sections.py`,
+`@algorithm(...)`); the recipe, the CLI and the registry read the rows from there. This module
+imports nothing from hflow, so every floor of the trainer can import it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ from dataclasses import dataclass
 class Algorithm:
     """One RL algorithm.
 
-    name:     the recipe's `algorithm` value.
-    roles:    the roles it always runs, in the order its program unpacks them; the
-              frozen `reference` joins them when the recipe's KL coefficient is above 0.
-    trained:  the recipe sections of the roles it optimises (an `OptimConfig` each).
-    settings: the recipe section holding its KL penalty and ratio clip.
-    program:  the module whose `train(recipe, run)` runs it (imported by the registry).
+    name:        the recipe's `algorithm` value, and the name of its own recipe section.
+    roles:       the roles it always runs, in the order its program unpacks them; the frozen
+                 `reference` joins them when the recipe's KL coefficient is above 0.
+    trained:     the recipe sections of the roles it optimises (an `OptimConfig` each).
+    settings:    the recipe section holding its KL penalty and ratio clip (its own, or `ppo`).
+    program:     the module whose `train(recipe, run)` runs it (imported by the registry).
+    description: its recipe section's one line.
+    no_async:    why `trainer.mode: async` cannot run it; None when its loop can (the critic-free
+                 outcome loop, `algorithms/grpo.py: run_outcome_loop`).
+    streams_updates: `trainer.stream_updates` may train its mini-batches before the step is whole
+                 (its advantages use a mini-batch's own prompt groups only).
     """
 
     name: str
@@ -26,27 +33,10 @@ class Algorithm:
     trained: tuple[str, ...]
     settings: str
     program: str
+    description: str = ""
+    no_async: str | None = None
+    streams_updates: bool = False
 
     def roles_for(self, uses_reference: bool) -> list[str]:
         """The roles a run starts: `roles`, plus `reference` when the KL term needs it."""
         return list(self.roles) + (["reference"] if uses_reference else [])
-
-
-_PROGRAMS = "hflow.trainer.algorithms."
-
-ALGORITHMS: dict[str, Algorithm] = {
-    a.name: a
-    for a in (
-        Algorithm("grpo", ("actor", "reward"), ("actor",), "grpo", _PROGRAMS + "grpo"),
-        Algorithm("ppo", ("actor", "critic", "reward"), ("actor", "critic"), "ppo", _PROGRAMS + "ppo"),
-        Algorithm("remax", ("actor", "reward"), ("actor",), "remax", _PROGRAMS + "remax"),
-        Algorithm("safe_rlhf", ("actor", "critic", "cost_critic", "reward", "cost"), ("actor", "critic"),
-                  "ppo", _PROGRAMS + "safe_rlhf"),
-        Algorithm("rloo", ("actor", "reward"), ("actor",), "rloo", _PROGRAMS + "rloo"),
-        Algorithm("reinforce_pp", ("actor", "reward"), ("actor",), "reinforce_pp", _PROGRAMS + "reinforce_pp"),
-        Algorithm("reinforce_pp_baseline", ("actor", "reward"), ("actor",), "reinforce_pp_baseline",
-                  _PROGRAMS + "reinforce_pp"),
-        Algorithm("dapo", ("actor", "reward"), ("actor",), "dapo", _PROGRAMS + "dapo"),
-        Algorithm("gspo", ("actor", "reward"), ("actor",), "gspo", _PROGRAMS + "grpo"),  # GRPO's loop, GSPO's loss
-    )
-}

@@ -43,9 +43,6 @@ class Batch:
             return self.columns[key]
         raise KeyError(f"Batch has no field {key!r}; it has {sorted(self.keys())}")
 
-    def get(self, key: str, default=None):
-        return self[key] if key in self else default
-
     def keys(self) -> list[str]:
         return [*self.tensors, *self.columns]
 

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from hflow.engine import columns as col
 from hflow.engine.rlmath.registry import Registry
 from hflow.engine.specs import KLSettings
 
@@ -56,14 +57,14 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = 
     return KL_ESTIMATORS.get(kind)(ref_logprobs - logprobs)
 
 
-def kl_in_reward(log_probs: torch.Tensor, ref_log_probs: torch.Tensor | None,
-                 kl: KLSettings) -> torch.Tensor | None:
+def kl_in_reward(columns, kl: KLSettings) -> torch.Tensor | None:
     """The per-token KL (B, T) an algorithm charges in the reward, or None: when it adds the KL to
-    the actor's loss instead (`kl.in_reward` false) or no reference ran. `log_probs` are the
-    rollout policy's (`old_log_probs`)."""
-    if not kl.in_reward or ref_log_probs is None:
+    the actor's loss instead (`kl.in_reward` false) or no reference ran. `columns`: the step's
+    columns by name (`engine/columns.py`), of which it reads the rollout policy's
+    `old_log_probs` and the reference's `ref_log_probs`."""
+    if not kl.in_reward or col.REF_LOG_PROBS not in columns:
         return None
-    return kl_estimate(log_probs, ref_log_probs, kl.estimator)
+    return kl_estimate(columns[col.OLD_LOG_PROBS], columns[col.REF_LOG_PROBS], kl.estimator)
 
 
 class FixedKLController:

@@ -153,7 +153,7 @@ def test_the_top_help_names_every_algorithm():
     from typer.testing import CliRunner
 
     from hflow.cli.app import app
-    from hflow.trainer.roles import ALGORITHMS
+    from hflow.trainer.config.algorithm_sections import ALGORITHMS
 
     out = " ".join(CliRunner().invoke(app, ["--help"]).stdout.split())  # wrapped to the terminal
     assert all(name in out for name in ALGORITHMS), out

@@ -66,7 +66,7 @@ ASYNC = ["trainer.mode=async", "trainer.stream_updates=true"]
 
 @pytest.mark.parametrize("overrides, needles", [  # grpo/quickstart: 8 prompts x n 8 = 64 rows a step
     (["trainer.stream_updates=true", "rollout.stream_prompts=2"], ["trainer.stream_updates", "trainer.mode: async"]),
-    ([*ASYNC, "rollout.stream_prompts=2", "algorithm=reinforce_pp"], ["algorithm reinforce_pp", "grpo, gspo, rloo"]),
+    ([*ASYNC, "rollout.stream_prompts=2", "algorithm=reinforce_pp"], ["algorithm reinforce_pp", "(grpo, rloo, gspo)"]),
     (ASYNC, ["rollout.stream_prompts > 0"]),
     ([*ASYNC, "rollout.stream_prompts=2", "actor.epochs=2"], ["actor.epochs=2", "actor.epochs: 1"]),
     ([*ASYNC, "rollout.stream_prompts=4", "actor.mini_batch_size=16"], ["actor.mini_batch_size (16)", "32 rows"]),

@@ -4,7 +4,7 @@ import pytest
 
 from hflow.trainer.algorithms.registry import trainer_for
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.roles import ALGORITHMS
+from hflow.trainer.config.algorithm_sections import ALGORITHMS
 
 
 def test_the_table_names_every_algorithm_the_schema_accepts():

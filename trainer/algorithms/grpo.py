@@ -76,7 +76,7 @@ def kl_charged_scores(batch: Batch, recipe: Recipe):
     """(B,) scores, less kl_coef x the response's summed KL to the reference when the algorithm
     charges the KL in the reward (`kl_in_reward`) and a reference ran."""
     scores = batch[col.SCORES].float()
-    kl = kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl)
+    kl = kl_in_reward(batch, recipe.kl)
     if kl is not None:
         scores = scores - recipe.kl.coef * (kl * batch[col.RESPONSE_MASK]).sum(-1)
     return scores

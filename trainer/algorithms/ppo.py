@@ -62,7 +62,8 @@ def compute_advantages(batch: Batch, recipe: Recipe, kl_coef: float) -> Batch:
     """
     p = recipe.ppo
     mask = batch[col.RESPONSE_MASK]
-    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl), kl_coef)
+    kl = kl_in_reward(batch, recipe.kl)
+    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, kl_coef)
     adv, returns = advantages.gae(rewards, batch[col.VALUES], mask, p.gamma, p.lam)
     if p.whiten_advantages:
         adv = advantages.whiten(adv, mask)
@@ -75,7 +76,7 @@ def step_stats(batch: Batch, recipe: Recipe, kl_coef: float, values_key: str = c
     their summed KL (what the adaptive controller tracks), and how well the critic's values
     (before its update) explained the returns."""
     mask = batch[col.RESPONSE_MASK].float()
-    kl = kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl)
+    kl = kl_in_reward(batch, recipe.kl)
     stats = {"kl/coef": kl_coef, "kl/sequence": float((kl * mask).sum(-1).mean()) if kl is not None else 0.0}
     stats[f"{prefix}/vf_explained_var"] = explained_variance(batch[values_key], batch[returns_key], mask)
     stats[f"{prefix}/values_mean"] = float(masked_mean(batch[values_key], mask))

@@ -7,7 +7,7 @@ from typing import Callable
 
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.roles import ALGORITHMS
+from hflow.trainer.config.algorithm_sections import ALGORITHMS
 from hflow.trainer.rundir.writer import RunDir
 
 

@@ -27,7 +27,8 @@ def train(recipe: Recipe, run: RunDir) -> None:
 def compute_advantages(batch: Batch, recipe: Recipe) -> Batch:
     """Token rewards (score on the last token, -beta x KL on each), reward-to-go, whitened."""
     mask = batch[col.RESPONSE_MASK]
-    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl), recipe.kl.coef)
+    kl = kl_in_reward(batch, recipe.kl)
+    rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, recipe.kl.coef)
     adv, returns = advantages.reinforce_plus_plus(rewards, mask, recipe.reinforce_pp.gamma)
     return Batch({col.TOKEN_REWARDS: rewards, col.ADVANTAGES: adv, col.RETURNS: returns})
 

@@ -52,7 +52,7 @@ def compute_advantages(batch: Batch, baseline: torch.Tensor, recipe: Recipe) -> 
     """Token rewards (score at the last token, KL per token when `kl_in_reward`), reward-to-go,
     minus the greedy baseline of the row's prompt. `baseline`: (prompts,), one per prompt."""
     mask = batch[col.RESPONSE_MASK]
-    kl = kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl)
+    kl = kl_in_reward(batch, recipe.kl)
     rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, recipe.kl.coef)
     per_row = baseline.float().repeat_interleave(len(batch) // len(baseline))  # rows are grouped by prompt
     adv, returns = advantages.remax(rewards, per_row, mask)

@@ -76,7 +76,7 @@ def compute_advantages(batch: Batch, recipe: Recipe, kl_coef: float, multiplier:
     `cost_returns` (the critics' targets), `token_rewards` and `token_costs` (N, R).
     """
     p, mask = recipe.ppo, batch[col.RESPONSE_MASK]
-    kl = kl_in_reward(batch[col.OLD_LOG_PROBS], batch.get(col.REF_LOG_PROBS), recipe.kl)
+    kl = kl_in_reward(batch, recipe.kl)
     # safe-rlhf's PPOLagTrainer: reward tokens get +0.5 * (-beta * KL), cost tokens -0.5 * (-beta * KL).
     rewards = advantages.token_rewards(batch[col.SCORES], mask, kl, 0.5 * kl_coef)
     costs = advantages.token_rewards(batch[col.COSTS], mask, kl, -0.5 * kl_coef)

@@ -1,5 +1,8 @@
-"""The algorithms' recipe sections: `grpo`, `ppo` (also Safe-RLHF's PPO part), `remax`,
-`safe_rlhf`, `rloo`, `reinforce_pp`, `reinforce_pp_baseline`, `dapo` and `gspo`.
+"""The algorithms: each one's recipe section, declared with its row (`@algorithm`: roles, trained
+sections, program, the modes its loop supports) and what it needs of the rest of the recipe
+(`check`). The `Recipe` gets one section per declared algorithm, named after it, and accepts
+exactly these names as `algorithm`: a new algorithm is its loop file (`trainer/algorithms/`), its
+math (`engine/rlmath/`) and one decorated section here.
 
 The KL penalty and the policy loss (PPO ratio clip, loss aggregation) are shared:
 `KLSection` and `ClipSection` declare each key once, with its type and bounds; an algorithm whose default or description
@@ -17,6 +20,7 @@ from hflow.engine.rlmath.kl import KL_ESTIMATORS
 from hflow.engine.rlmath.policy_losses import POLICY_LOSSES
 
 from hflow.trainer.config.sections import Section
+from hflow.trainer.roles import Algorithm
 
 # The names the RL math registers (engine/rlmath/): a recipe accepts exactly those.
 KLEstimator = Literal[KL_ESTIMATORS.names()]
@@ -24,6 +28,36 @@ LossAggMode = Literal[AGGREGATIONS.names()]  # verl's `loss_agg_mode` names
 PolicyLossName = Literal[POLICY_LOSSES.names()]
 KLCoef = Annotated[float, Field(ge=0)]
 ClipBound = Annotated[float, Field(ge=0)]
+
+# The declared algorithms by name, and each one's recipe section (filled by `@algorithm` below).
+ALGORITHMS: dict[str, Algorithm] = {}
+SECTIONS: dict[str, type[Section]] = {}
+_PROGRAMS = "hflow.trainer.algorithms."
+# Why the loops of the algorithms with a critic, a greedy baseline or extra sampling rounds do not
+# run in `trainer.mode: async`.
+_CRITIC_NOT_ASYNC = "its critic trains on the same rollouts and the value targets would go stale with them"
+
+
+def algorithm(name: str, roles: tuple[str, ...], description: str, trained: tuple[str, ...] = ("actor",),
+              settings: str | None = None, program: str | None = None, no_async: str | None = None,
+              streams_updates: bool = False):
+    """Class decorator: declare the algorithm `name`, whose recipe section is the decorated class
+    (see `roles.Algorithm` for the rest)."""
+    def declare(section: type[Section]) -> type[Section]:
+        if name in ALGORITHMS:
+            raise ValueError(f"algorithm {name!r} is declared twice")
+        ALGORITHMS[name] = Algorithm(name, roles, trained, settings or name, _PROGRAMS + (program or name),
+                                     description, no_async, streams_updates)
+        SECTIONS[name] = section
+        return section
+    return declare
+
+
+def needs_group(recipe, reason: str) -> None:
+    """The active algorithm compares the n samples of a prompt: refuse rollout.n < 2, saying why."""
+    if recipe.rollout.n < 2:
+        raise ValueError(f"algorithm {recipe.algorithm} with rollout.n={recipe.rollout.n}: {reason}; "
+                         "set rollout.n to 2 or more")
 
 
 class KLSection(Section):
@@ -50,7 +84,15 @@ class ClipSection(Section):
         "seq-mean-token-sum-norm (token sums over rollout.max_response_length; Dr. GRPO)."
     )
 
+    def check(self, recipe) -> None:
+        if self.policy_loss == "gspo" and self.loss_agg_mode != "seq-mean-token-mean":
+            section = recipe.algorithm_spec.settings
+            raise ValueError(f"{section}.loss_agg_mode={self.loss_agg_mode} is not defined for "
+                             f"{section}.policy_loss gspo, whose loss is one term per sequence; "
+                             "accepted: seq-mean-token-mean")
 
+
+@algorithm("grpo", ("actor", "reward"), "GRPO's loss and advantage.", streams_updates=True)
 class GRPOConfig(ClipSection, KLSection):
     """GRPO (Shao et al. 2024, DeepSeekMath): group-normalised scores, PPO-clip, KL in the loss."""
 
@@ -66,6 +108,8 @@ class GRPOConfig(ClipSection, KLSection):
     eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
 
 
+@algorithm("ppo", ("actor", "critic", "reward"), "PPO's advantage, losses and KL (also Safe-RLHF's).",
+           trained=("actor", "critic"), no_async=_CRITIC_NOT_ASYNC)
 class PPOConfig(ClipSection, KLSection):
     """PPO (Ouyang et al. 2022, InstructGPT; Ziegler et al. 2019); also Safe-RLHF's PPO part."""
 
@@ -105,6 +149,8 @@ class PPOConfig(ClipSection, KLSection):
         return True
 
 
+@algorithm("remax", ("actor", "reward"), "ReMax's KL and clip.",
+           no_async="its greedy baseline must come from the policy being trained")
 class ReMaxConfig(ClipSection, KLSection):
     """ReMax (Li et al. 2023, arXiv 2310.10505): REINFORCE with the greedy response's reward as baseline."""
 
@@ -116,6 +162,9 @@ class ReMaxConfig(ClipSection, KLSection):
     )
 
 
+@algorithm("safe_rlhf", ("actor", "critic", "cost_critic", "reward", "cost"), "Safe-RLHF's Lagrange multiplier.",
+           trained=("actor", "critic"), settings="ppo",
+           no_async="its critics and Lagrange multiplier train on the same rollouts")
 class SafeRLHFConfig(Section):
     """Safe-RLHF's PPO-Lagrangian (Dai et al. 2023, arXiv 2310.12773); its PPO settings are `ppo:`."""
 
@@ -134,6 +183,7 @@ class SafeRLHFConfig(Section):
     )
 
 
+@algorithm("rloo", ("actor", "reward"), "RLOO's KL and clip.", streams_updates=True)
 class RLOOConfig(ClipSection, KLSection):
     """RLOO (Ahmadian et al. 2024, arXiv 2402.14740): each sample's baseline is the mean reward of
     the other samples of its prompt (needs rollout.n >= 2)."""
@@ -144,7 +194,12 @@ class RLOOConfig(ClipSection, KLSection):
         "false: add it to the loss."
     )
 
+    def check(self, recipe) -> None:
+        super().check(recipe)
+        needs_group(recipe, "its baseline is the other samples of the prompt")
 
+
+@algorithm("reinforce_pp", ("actor", "reward"), "REINFORCE++'s KL and clip.")
 class ReinforcePPConfig(ClipSection, KLSection):
     """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262): per-token KL in the reward, reward-to-go,
     advantages whitened over the batch. No critic."""
@@ -158,6 +213,8 @@ class ReinforcePPConfig(ClipSection, KLSection):
         return True
 
 
+@algorithm("reinforce_pp_baseline", ("actor", "reward"), "REINFORCE++-baseline's KL and clip.",
+           program="reinforce_pp")
 class ReinforcePPBaselineConfig(ClipSection, KLSection):
     """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262, v3+): the prompt's mean reward as
     baseline, advantages whitened over the batch, the KL in the loss."""
@@ -171,7 +228,13 @@ class ReinforcePPBaselineConfig(ClipSection, KLSection):
         """REINFORCE++-baseline adds the KL to the loss (the paper); not a key."""
         return False
 
+    def check(self, recipe) -> None:
+        super().check(recipe)
+        needs_group(recipe, "its baseline is the prompt's mean reward")
 
+
+@algorithm("dapo", ("actor", "reward"), "DAPO's clip, sampling and reward shaping.",
+           no_async="dynamic sampling draws extra rounds at the current policy until the step is full")
 class DAPOConfig(GRPOConfig):
     """DAPO (Yu et al. 2025, arXiv 2503.14476): GRPO with clip-higher, a token-mean loss, dynamic
     sampling and overlong reward shaping, and no KL by default."""
@@ -192,7 +255,19 @@ class DAPOConfig(GRPOConfig):
     )
     overlong_penalty: float = Field(1.0, ge=0, description="Reward lost by a response of the maximum length.")
 
+    def check(self, recipe) -> None:
+        super().check(recipe)
+        if self.dynamic_sampling:
+            needs_group(recipe, "dynamic sampling drops prompts whose n rewards are all equal")
+        longest = recipe.rollout.max_response_length
+        if self.overlong_buffer >= longest:
+            raise ValueError(f"dapo.overlong_buffer={self.overlong_buffer} must be below "
+                             f"rollout.max_response_length={longest} (the penalty ramps over the last "
+                             "overlong_buffer tokens); 0 turns it off")
 
+
+@algorithm("gspo", ("actor", "reward"), "GSPO's sequence-level clip.", program="grpo",
+           streams_updates=True)  # GRPO's loop, GSPO's loss
 class GSPOConfig(GRPOConfig):
     """GSPO (Zheng et al. 2025, arXiv 2507.18071): GRPO's advantages with a clipped sequence-level
     importance ratio (the per-token log-ratio's mean over the response, exponentiated)."""

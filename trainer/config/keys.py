@@ -11,7 +11,7 @@ from pydantic_core import PydanticUndefined
 
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.roles import ALGORITHMS
+from hflow.trainer.config.algorithm_sections import ALGORITHMS
 
 
 @dataclass(frozen=True)

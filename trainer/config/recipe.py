@@ -10,21 +10,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hflow.engine.specs import KLSettings
-from hflow.trainer.config.algorithm_sections import (
-    DAPOConfig,
-    GRPOConfig,
-    GSPOConfig,
-    PPOConfig,
-    ReinforcePPBaselineConfig,
-    ReinforcePPConfig,
-    ReMaxConfig,
-    RLOOConfig,
-    SafeRLHFConfig,
-)
+from hflow.trainer.config.algorithm_sections import ALGORITHMS, SECTIONS
 from hflow.trainer.config.run_sections import (
     ClusterConfig,
     EvalConfig,
@@ -43,7 +33,7 @@ from hflow.trainer.config.sections import (
     RolloutConfig,
 )
 from hflow.trainer.config.tools_section import ToolsConfig
-from hflow.trainer.roles import ALGORITHMS, Algorithm
+from hflow.trainer.roles import Algorithm
 
 # Where each role's model comes from: the first of these keys that is set. The reference falls
 # back to the actor; the critic to the reward model, then the actor (as safe-rlhf and OpenRLHF
@@ -59,17 +49,10 @@ MODEL_KEYS = {
 }
 
 
-# trainer.mode async runs the critic-free outcome loop (`grpo.run_outcome_loop`); why the others do not.
-ASYNC_ALGORITHMS = ("grpo", "gspo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
-# trainer.stream_updates trains a mini-batch before the step is whole: its advantages must need
-# no row outside the mini-batch's own prompt groups.
-STREAM_UPDATE_ALGORITHMS = ("grpo", "gspo", "rloo")
-ASYNC_UNSUPPORTED = {
-    "ppo": "its critic trains on the same rollouts and the value targets would go stale with them",
-    "safe_rlhf": "its critics and Lagrange multiplier train on the same rollouts",
-    "remax": "its greedy baseline must come from the policy being trained",
-    "dapo": "dynamic sampling draws extra rounds at the current policy until the step is full",
-}
+# trainer.mode async runs the critic-free outcome loop (`grpo.run_outcome_loop`); trainer.stream_updates
+# trains a mini-batch before the step is whole. Which algorithms can: their rows say (`roles.Algorithm`).
+ASYNC_ALGORITHMS = tuple(a.name for a in ALGORITHMS.values() if a.no_async is None)
+STREAM_UPDATE_ALGORITHMS = tuple(a.name for a in ALGORITHMS.values() if a.streams_updates)
 
 
 def run_name_problem(name: str) -> str | None:
@@ -84,8 +67,9 @@ def run_name_problem(name: str) -> str | None:
     return None
 
 
-class Recipe(BaseSettings):
-    """A whole training recipe. See recipes/ for commented examples."""
+class RecipeSections(BaseSettings):
+    """The recipe's sections other than the algorithms', and every check that spans sections; the
+    `Recipe` below adds one section per declared algorithm."""
 
     model_config = SettingsConfigDict(
         extra="forbid",
@@ -99,8 +83,7 @@ class Recipe(BaseSettings):
         None, description="Run name prefix (one folder name: the run directory is `trainer.output_dir`/"
         "NAME-DATE); default: the recipe file's name."
     )
-    algorithm: Literal["grpo", "ppo", "remax", "safe_rlhf", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo",
-                       "gspo"] = Field("grpo", description="The RL algorithm (README, 'Algorithms').")
+    algorithm: Literal[tuple(ALGORITHMS)] = Field("grpo", description="The RL algorithm (README, 'Algorithms').")
     seed: int = Field(0, description="Seeds data order, initialisation and sampling.")
     model: ModelConfig = Field(description="The actor (trained policy).")
     reference: ReferenceConfig = Field(
@@ -112,17 +95,6 @@ class Recipe(BaseSettings):
     data: DataConfig = Field(description="Where prompts come from.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Where model-written code runs.")
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO's loss and advantage.")
-    ppo: PPOConfig = Field(default_factory=PPOConfig, description="PPO's advantage, losses and KL (also Safe-RLHF's).")
-    remax: ReMaxConfig = Field(default_factory=ReMaxConfig, description="ReMax's KL and clip.")
-    safe_rlhf: SafeRLHFConfig = Field(default_factory=SafeRLHFConfig, description="Safe-RLHF's Lagrange multiplier.")
-    rloo: RLOOConfig = Field(default_factory=RLOOConfig, description="RLOO's KL and clip.")
-    reinforce_pp: ReinforcePPConfig = Field(default_factory=ReinforcePPConfig, description="REINFORCE++'s KL and clip.")
-    reinforce_pp_baseline: ReinforcePPBaselineConfig = Field(
-        default_factory=ReinforcePPBaselineConfig, description="REINFORCE++-baseline's KL and clip."
-    )
-    dapo: DAPOConfig = Field(default_factory=DAPOConfig, description="DAPO's clip, sampling and reward shaping.")
-    gspo: GSPOConfig = Field(default_factory=GSPOConfig, description="GSPO's sequence-level clip.")
     actor: ActorConfig = Field(default_factory=ActorConfig, description="Actor optimisation.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The run loop.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation sampling.")
@@ -167,30 +139,10 @@ class Recipe(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _check_groups(self) -> "Recipe":
-        """Algorithms whose baseline or filter compares the n samples of a prompt need n >= 2."""
-        needs_group = {"rloo": "its baseline is the other samples of the prompt",
-                       "reinforce_pp_baseline": "its baseline is the prompt's mean reward",
-                       "dapo": "dynamic sampling drops prompts whose n rewards are all equal"}
-        reason = needs_group.get(self.algorithm)
-        if self.algorithm == "dapo" and not self.dapo.dynamic_sampling:
-            reason = None
-        if reason and self.rollout.n < 2:
-            raise ValueError(f"algorithm {self.algorithm} with rollout.n={self.rollout.n}: {reason}; "
-                             "set rollout.n to 2 or more")
-        buffer, longest = self.dapo.overlong_buffer, self.rollout.max_response_length
-        if self.algorithm == "dapo" and buffer >= longest:
-            raise ValueError(f"dapo.overlong_buffer={buffer} must be below rollout.max_response_length={longest} "
-                             "(the penalty ramps over the last overlong_buffer tokens); 0 turns it off")
-        return self
-
-    @model_validator(mode="after")
-    def _check_policy_loss(self) -> "Recipe":
-        section = self.algorithm_spec.settings
-        cfg = getattr(self, section)
-        if cfg.policy_loss == "gspo" and cfg.loss_agg_mode != "seq-mean-token-mean":
-            raise ValueError(f"{section}.loss_agg_mode={cfg.loss_agg_mode} is not defined for {section}.policy_loss "
-                             "gspo, whose loss is one term per sequence; accepted: seq-mean-token-mean")
+    def _check_algorithm(self) -> "Recipe":
+        """What the active algorithm's sections need of the rest of the recipe (their `check`)."""
+        for section in dict.fromkeys((self.algorithm, self.algorithm_spec.settings)):
+            getattr(self, section).check(self)
         return self
 
     @model_validator(mode="after")
@@ -251,7 +203,7 @@ class Recipe(BaseSettings):
         if self.trainer.mode == "sync":
             return self
         if self.algorithm not in ASYNC_ALGORITHMS:
-            reason = ASYNC_UNSUPPORTED.get(self.algorithm, "its loop has no asynchronous rollout")
+            reason = self.algorithm_spec.no_async
             raise ValueError(f"trainer.mode async does not run algorithm {self.algorithm}: {reason}; use "
                              f"trainer.mode: sync, or one of {', '.join(ASYNC_ALGORITHMS)}")
         if self.rollout.engine == "vllm" and self.placement.backend == "local":
@@ -376,3 +328,11 @@ class Recipe(BaseSettings):
         """Optimizer steps per RL step of a trained role (`actor` or `critic`)."""
         cfg = getattr(self, section)
         return cfg.epochs * self.sequences_per_step // (cfg.mini_batch_size or self.sequences_per_step)
+
+
+Recipe = create_model(
+    "Recipe", __base__=RecipeSections, __module__=__name__,
+    __doc__="A whole training recipe. See recipes/ for commented examples.",
+    **{name: (section, Field(default_factory=section, description=ALGORITHMS[name].description))
+       for name, section in SECTIONS.items()},
+)

@@ -17,6 +17,10 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    def check(self, recipe) -> None:
+        """What this section needs of the rest of the recipe (raise ValueError); an algorithm's
+        section is checked when its algorithm runs."""
+
 
 class ModelConfig(Section):
     path: str = Field(

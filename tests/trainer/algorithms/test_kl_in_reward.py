@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hflow.engine.groups.batch import Batch
-from hflow.trainer.algorithms import grpo, ppo, reinforce_pp, remax, rloo
+from hflow.trainer.algorithms import grpo, ppo, reinforce_pp, remax
 from hflow.trainer.algorithms.safe_rlhf import compute_advantages as safe_rlhf_advantages
 from hflow.trainer.config.recipe import Recipe
 
