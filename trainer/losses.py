@@ -1,4 +1,4 @@
-"""The RL losses, at their documented public path (README, "Algorithms").
+"""The RL losses, at their documented public path (docs/algorithms.md).
 
 They are defined beside the training engine (`engine/training/losses.py`) because the
 workers that compute them run inside the engine, which never imports the trainer.

@@ -104,7 +104,7 @@ class Recipe(BaseSettings):
         "NAME-DATE); default: the recipe file's name."
     )
     algorithm: Literal["grpo", "ppo", "remax", "safe_rlhf", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo",
-                       "gspo"] = Field("grpo", description="The RL algorithm (README, 'Algorithms').")
+                       "gspo"] = Field("grpo", description="The RL algorithm (docs/algorithms.md).")
     seed: int = Field(0, description="Seeds data order, initialisation and sampling.")
     model: ModelConfig = Field(description="The actor (trained policy).")
     reference: ReferenceConfig = Field(

