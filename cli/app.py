@@ -12,7 +12,7 @@ from hflow.cli.bench import bench
 from hflow.cli.map import map as map_command
 from hflow.cli.monitor import monitor
 from hflow.errors import UserError
-from hflow.trainer.roles import ALGORITHMS
+from hflow.trainer.config.algorithm_sections import ALGORITHMS
 
 app = typer.Typer(
     name="hflow",

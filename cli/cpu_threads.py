@@ -6,7 +6,7 @@ machine where another process holds a core, a spinning thread burns the slice it
 needs, and every parallel region waits for the thread the scheduler parked: measured on the
 2-core development machine, the quickstart's 0.21 s step took 0.5-1.3 s beside one busy
 process and 7-21 s beside two. With passive waiting (threads sleep at once) the same step took
-0.27 s and 0.20 s (README, "Performance"). The setting is read once, when the OpenMP runtime
+0.27 s and 0.20 s (docs/benchmarks.md). The setting is read once, when the OpenMP runtime
 starts, so it must be in the environment before torch is imported; workers hflow starts (Ray
 actors, `torch.distributed` ranks) inherit it. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT
 wins. How many threads a local run uses, step by step, is `trainer/placement/cpu_share.py`'s

@@ -1,4 +1,4 @@
-"""Auto-mapper: cost model and placement search (HybridFlow, Section 6). See mapper/README.md."""
+"""Auto-mapper: cost model and placement search (HybridFlow, Section 6). See docs/auto-mapper.md."""
 
 from hflow.mapper.plan import plan_placement
 

@@ -74,7 +74,7 @@ def _setting(recipe, cluster: Cluster, parallel: str, allow_offload: bool,
 def plan_placement(recipe, gpus: int | None = None, *, gpus_per_node: int | None = None, gpu: str | None = None,
                    parallel: str = "3d", internode_gbps: float | None = None, allow_offload: bool = False,
                    train_layout: tuple[int, int] | None = None, top: int = 3, mode: str | None = None) -> dict:
-    """The fastest placement of `recipe`'s roles, as a JSON-able dict (see mapper/README.md).
+    """The fastest placement of `recipe`'s roles, as a JSON-able dict (see docs/auto-mapper.md).
 
     `gpus` overrides `recipe.cluster.gpus`; with neither and no GPU visible the plan covers CPU
     worker slots. `parallel="zero"` restricts every model to ZeRO data parallelism (no tensor or

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOT_PACKAGE = {"tests", "benchmarks", "docker", "build"}
+NOT_PACKAGE = {"tests", "benchmarks", "docker", "build", "docs"}
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -26,7 +26,7 @@ def _skipped(rel: Path, excluded: set[str]) -> bool:
 
 def package_files() -> list[Path]:
     """Every .py file of the package: the repo root minus tests/, .venv/ (any hidden folder),
-    benchmarks/, docker/, build/ and *.egg-info."""
+    benchmarks/, docker/, build/, docs/ (the site and its scripts) and *.egg-info."""
     return sorted(p for p in ROOT.rglob("*.py") if not _skipped(p.relative_to(ROOT), NOT_PACKAGE))
 
 

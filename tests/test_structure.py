@@ -57,7 +57,7 @@ def test_help_works(command):
 def _modules():
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
-        if {"tests", ".venv", "build", "benchmarks", "docker"} & set(rel.parts) or rel.name == "__main__.py":
+        if {"tests", ".venv", "build", "benchmarks", "docker", "docs"} & set(rel.parts) or rel.name == "__main__.py":
             continue
         parts = ["hflow", *rel.with_suffix("").parts]
         if parts[-1] == "__init__":

@@ -215,7 +215,7 @@ class RayCluster:
         self.started = False
         self.worker_timeout_s = worker_timeout_s  # the watchdog: longest wait for one worker call
         if not ray.is_initialized():
-            if address:  # a cluster of several machines: its authentication is the cluster's (README)
+            if address:  # a cluster of several machines: its authentication is the cluster's (docs/several-machines.md)
                 _init_keeping_sigterm(ray, address=address, log_to_driver=True, include_dashboard=False)
             else:
                 start_local_ray(num_cpus)

@@ -208,7 +208,7 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
     flags in /proc/cpuinfo (or `cpuinfo`); None where that file does not exist.
 
     Without them torch emulates bf16 products: measured on an AVX2-only EPYC, 0.8 GFLOP/s
-    against 91 in float32; on a CPU with AMX, 530 against 200 (README, "Performance")."""
+    against 91 in float32; on a CPU with AMX, 530 against 200 (docs/benchmarks.md)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()

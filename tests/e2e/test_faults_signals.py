@@ -115,7 +115,7 @@ def test_sigterm_on_the_ray_backend_stops_without_a_stack_dump(tmp_path, tiny_mo
 @pytest.mark.slow
 def test_kill_9_on_the_ray_backend_leaves_no_ray_process_and_resumes(tmp_path, tiny_model):
     """kill -9 of hflow: Ray's processes end by Ray's own fate-sharing (the GCS, raylet and
-    workers at once; its two agents about a minute later, see the README), and the run resumes
+    workers at once; its two agents about a minute later, see docs/runs.md), and the run resumes
     with every step once."""
     proc = _start_on_ray(tmp_path, tiny_model)
     try:

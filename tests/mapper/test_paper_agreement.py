@@ -3,7 +3,7 @@
 Sources (Sheng et al., EuroSys 2025, arXiv 2409.19256): Section 8.3 and Figure 12 (placements of
 13B and 34B PPO on 16-128 A100-80GB), Section 9 (insights), Figure 14 (the actor's training and
 generation parallel sizes). Where the model disagrees the test pins the documented behaviour and
-mapper/README.md explains why.
+docs/auto-mapper.md explains why.
 """
 
 import pytest
@@ -52,7 +52,7 @@ def test_13b_at_96_and_128_gpus_disagrees_and_why(paper_search):
     # colocating, with the actor/critic splits close behind. Pinning the actor's and critic's
     # training to the paper's sizes for 13B (Figure 14: T=8, P=1, so DP grows with the cluster)
     # brings the data-parallel gradient traffic over the 200 Gbit/s network back, and with it the
-    # paper's conclusion at 128 GPUs. See mapper/README.md.
+    # paper's conclusion at 128 GPUs. See docs/auto-mapper.md.
     for gpus in (96, 128):
         result = paper_search("llama2-13b", gpus)
         assert result.best.placement == COLOCATE

@@ -83,7 +83,7 @@ class RecipeSections(BaseSettings):
         None, description="Run name prefix (one folder name: the run directory is `trainer.output_dir`/"
         "NAME-DATE); default: the recipe file's name."
     )
-    algorithm: Literal[tuple(ALGORITHMS)] = Field("grpo", description="The RL algorithm (README, 'Algorithms').")
+    algorithm: Literal[tuple(ALGORITHMS)] = Field("grpo", description="The RL algorithm (docs/algorithms.md).")
     seed: int = Field(0, description="Seeds data order, initialisation and sampling.")
     model: ModelConfig = Field(description="The actor (trained policy).")
     reference: ReferenceConfig = Field(

@@ -42,7 +42,7 @@ class TrainerConfig(Section):
         "sync",
         description="`sync`: each step generates, scores and then updates (barriers between them). `async`: "
         "a second copy of the policy produces the next steps' rollouts while the current step trains, within "
-        "`max_staleness` (README, \"Asynchronous mode\"): a generator thread on the local backend, the "
+        "`max_staleness` (docs/async-streaming.md): a generator thread on the local backend, the "
         "`rollout` role on a pool of its own on the ray backend (there also with rollout.engine: vllm); the "
         "critic-free outcome algorithms (grpo, gspo, rloo, reinforce_pp, reinforce_pp_baseline) only.",
     )
@@ -56,7 +56,7 @@ class TrainerConfig(Section):
     stream_updates: bool = Field(
         False,
         description="async mode: train each actor mini-batch as soon as its rows are scored, while the rest of the "
-        "step generates (README, \"Streaming\"); its old log-probs come from the weights just before its own "
+        "step generates (docs/async-streaming.md); its old log-probs come from the weights just before its own "
         "update. Needs rollout.stream_prompts, actor.epochs 1, and actor.mini_batch_size a multiple of "
         "stream_prompts x rollout.n below the step's; grpo, gspo and rloo.",
     )

