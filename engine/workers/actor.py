@@ -40,10 +40,7 @@ from hflow.engine.rollout.weight_sync import PackedBucket, bucket_count, weight_
 from hflow.engine.seeding import seed_update
 from hflow.engine.specs import ActorSpec
 from hflow.engine.training.logprobs import batched_log_probs, ptx_loss, response_log_probs
-from hflow.engine.rlmath.aggregation import aggregate, masked_mean
-from hflow.engine.rlmath.kl import kl_estimate
-from hflow.engine.rlmath.off_policy import behaviour_weights, sequence_behaviour_weights
-from hflow.engine.rlmath.policy_losses import policy_loss
+from hflow.engine.rlmath.objective import ActorObjective
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.training.zero3 import is_partitioned, partitioned_load
@@ -54,6 +51,10 @@ class ActorWorker(Worker):
         super().__init__(rank, world_size)
         self.spec = spec
         self.device = torch.device(device)
+        kl = spec.kl
+        self.objective = ActorObjective(
+            spec.policy_loss, spec.clip, spec.loss_agg_mode, spec.rollout.max_response_length,
+            spec.off_policy_correction, spec.off_policy_cap, 0.0 if kl.in_reward else kl.coef, kl.estimator)
         self.train_engine = None
         self.generator = None
         self.generator_copy = None  # trainer.mode async: generates while the training module trains
@@ -287,29 +288,20 @@ class ActorWorker(Worker):
     def _loss_divisor(self, mask: torch.Tensor) -> float:
         """What a mini-batch's loss is divided by, over the whole data-parallel group: its response
         tokens (token-mean), else its sequences with a response token (the seq-mean modes, GSPO)."""
-        if self.spec.loss_agg_mode == "token-mean" and not policy_loss(self.spec.policy_loss).per_sequence:
+        if self.objective.per_token:
             return global_token_count(mask, self.world_size, self.device)
         return global_token_count((mask.sum(-1) > 0).float(), self.world_size, self.device)
 
     def _micro_step(self, micro: Batch, divisor: float, use_kl: bool) -> dict[str, float]:
-        s, kl = self.spec, self.spec.kl
+        s = self.spec
         mask = micro[col.RESPONSE_MASK].float()
         log_probs, _ = response_log_probs(self.train_engine.forward, micro, s.rollout.temperature)
         # DeepSpeed averages gradients over ranks, so each rank's share of the global token (or
         # sequence) count is scaled up by the world size: the update is the same for any DP size.
-        normalizer = divisor / self.world_size
-        horizon = s.rollout.max_response_length
-        weights, weight_stats = self._off_policy_weights(micro, mask)
-        pg_loss, pg_stats = policy_loss(s.policy_loss).fn(
-            log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask, *s.clip, normalizer=normalizer,
-            mode=s.loss_agg_mode, horizon=horizon, weights=weights)
-        loss = pg_loss
-        stats = {"pg_loss": float(pg_loss.detach()), **pg_stats, **weight_stats}
-        if use_kl:
-            token_kl = kl_estimate(log_probs, micro[col.REF_LOG_PROBS], kl.estimator)
-            kl_loss = aggregate(token_kl, mask, s.loss_agg_mode, normalizer, horizon)
-            loss = loss + kl.coef * kl_loss
-            stats["kl_loss"] = float(masked_mean(token_kl.detach(), mask))
+        loss, stats = self.objective(
+            log_probs, micro[col.OLD_LOG_PROBS], micro[col.ADVANTAGES], mask, divisor / self.world_size,
+            behaviour_log_probs=micro[col.ROLLOUT_LOG_PROBS] if s.off_policy_correction != "none" else None,
+            ref_log_probs=micro[col.REF_LOG_PROBS] if use_kl else None)
         if col.PTX_INPUT_IDS in micro:  # InstructGPT's PPO-ptx: keep the pretraining likelihood up
             ptx = ptx_loss(self.train_engine.forward, micro, s.optim.mini_batch_size // self.world_size)
             loss = loss + s.ptx_coef * ptx
@@ -320,19 +312,6 @@ class ActorWorker(Worker):
         if grad_norm is not None:
             stats["grad_norm"] = grad_norm
         return stats
-
-    def _off_policy_weights(self, micro: Batch, mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
-        """`actor.off_policy_correction`'s weights pi_old / pi_behaviour (per token; GSPO: per
-        sequence), or None without one; with their mean as `off_policy_weight` (1.0 on-policy)."""
-        s = self.spec
-        if s.off_policy_correction == "none":
-            return None, {}
-        old, behaviour = micro[col.OLD_LOG_PROBS], micro[col.ROLLOUT_LOG_PROBS]
-        if policy_loss(s.policy_loss).per_sequence:
-            weights = sequence_behaviour_weights(old, behaviour, mask, s.off_policy_cap, s.off_policy_correction)
-            return weights, {"off_policy_weight": float(weights.mean())}
-        weights = behaviour_weights(old, behaviour, s.off_policy_cap, s.off_policy_correction)
-        return weights, {"off_policy_weight": float(masked_mean(weights, mask))}
 
     @register(Dispatch.ONE_TO_ALL)
     def measure_switch(self) -> dict[str, float]:
