@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Every tiny recipe both trees ship.
 RECIPES = ["grpo/quickstart", "grpo/quickstart_ray_split", "grpo/tiny_async", "grpo/tiny_calculator",
            "grpo/tiny_lora", "ppo/tiny", "remax/tiny", "safe_rlhf/tiny", "rloo/tiny", "reinforce_pp/tiny",
-           "reinforce_pp/tiny_baseline", "dapo/tiny", "gspo/tiny"]
+           "reinforce_pp/tiny_baseline", "dapo/tiny", "gspo/tiny", "cispo/tiny"]
 # Measurements of the machine, not of the training: wall times (also every `*_s` key: async mode's
 # busy and idle seconds, an episode's turn times) and the cores other processes used.
 VOLATILE = ("timing/", "throughput/", "memory/", "time", "cpu/others_cores")
