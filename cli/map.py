@@ -31,8 +31,9 @@ def map(  # noqa: A001 - the command is `hflow map`
     set_: Annotated[Optional[list[str]], typer.Option(
         "--set", help="Override a recipe key, e.g. --set trainer.prompts_per_step=512 (repeatable).")] = None,
     parallel: Annotated[str, typer.Option(
-        "--parallel", help="3d: tensor x pipeline x data parallel as in the paper; zero: ZeRO data "
-                           "parallelism only (what the DeepSpeed and hf engines run).")] = "3d",
+        "--parallel", help="zero: ZeRO data parallelism, what hflow train runs (the default); 3d: tensor x "
+                           "pipeline x data parallel as in the paper, a plan hflow train cannot run marked "
+                           "so with what it would need.")] = "zero",
     internode_gbps: Annotated[Optional[float], typer.Option(
         "--internode-gbps", help="Network bandwidth per machine in Gbit/s; default: the GPU type's "
                                  "(A100: 200, the paper's cluster).")] = None,
@@ -46,6 +47,8 @@ def map(  # noqa: A001 - the command is `hflow map`
     A dry run of the auto-mapper (HybridFlow, Algorithm 1): it tries every way to group the roles
     onto shared GPUs, every split of the GPUs and every parallel strategy, with analytic memory and
     time estimates. It prints the fastest plan and the runner-up placements; nothing runs on a GPU.
+    By default it plans only what `hflow train` runs (ZeRO data parallelism); `--parallel 3d` plans
+    as the paper does and says when `hflow train` cannot run the result.
     With trainer.mode async (in the recipe or --set trainer.mode=async) it also splits the GPUs
     between a rollout pool and the training roles, a step costing max(generation, training) + weight sync.
     """

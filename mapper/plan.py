@@ -173,6 +173,27 @@ def _common(setting: Setting, cluster: Cluster, devices_used: int, iteration_s: 
     }
 
 
+def what_hflow_runs(strategies: dict, asynchronous: bool = False) -> dict:
+    """Whether `hflow train` runs these strategies as planned: its training engine is DeepSpeed ZeRO
+    data parallelism and it runs frozen models whole (or ZeRO-3 partitioned), so any tensor or
+    pipeline parallelism in training or inference keeps it from running the plan (`blocked_by`);
+    tensor-parallel generation it runs with vLLM, which the recipe must then say (`needs`), except
+    on async mode's rollout pool (tensor parallel size 1 only)."""
+    blocked, needs = [], []
+    for role, strategy in strategies.items():
+        for kind, verb in (("train", "trains"), ("infer", "runs")):
+            layout = strategy.get(kind)
+            if layout and (layout["tp"] > 1 or layout["pp"] > 1):
+                blocked.append(f"{role} {verb} with tensor x pipeline parallelism {layout['tp']}x{layout['pp']}")
+        generate = strategy.get("generate")
+        if generate and generate["tp"] > 1 and asynchronous:
+            blocked.append(f"{role} generates with tensor parallelism {generate['tp']} (async mode's rollout "
+                           "runs vLLM with tensor_parallel_size 1)")
+        elif generate and generate["tp"] > 1:
+            needs.append(f"rollout.engine: vllm with rollout.tensor_parallel_size: {generate['tp']} ({role})")
+    return {"executable": not blocked, "blocked_by": blocked, "needs": sorted(set(needs))}
+
+
 def plan_dict(result: SearchResult, setting: Setting, cluster: Cluster, top: int = 3) -> dict:
     best = result.best
     pools, roles = _pools(best.sets, setting, cluster)
@@ -184,6 +205,7 @@ def plan_dict(result: SearchResult, setting: Setting, cluster: Cluster, top: int
         "roles": {role: roles[role] for role in w.roles},
         **_summary(best),
         "strategies": {role: roles[role]["strategy"] for role in w.roles},
+        "hflow_train": what_hflow_runs({role: roles[role]["strategy"] for role in w.roles}),
         **_common(setting, cluster, best.devices, best.iteration_s),
         "runners_up": [_summary(plan) for plan in result.ranked[1:1 + max(0, top)]],
         "search_s": round(result.search_s, 4),
@@ -241,6 +263,7 @@ def async_plan_dict(result: AsyncResult, setting: Setting, cluster: Cluster, top
         "roles": {role: roles[role] for role in order},
         **_async_summary(best),
         "strategies": {role: roles[role]["strategy"] for role in order},
+        "hflow_train": what_hflow_runs({role: roles[role]["strategy"] for role in order}, asynchronous=True),
         **_common(setting, cluster, best.devices, best.step_s),
         "async": _async_entry(result, setting),
         "runners_up": [_async_summary(plan) for plan in result.ranked[1:1 + max(0, top)]],

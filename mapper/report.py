@@ -43,7 +43,7 @@ def format_plan(plan: dict, source: str) -> str:
     ]
     if plan["note"]:
         lines.append(f"note: {plan['note']}")
-    lines += ["", _best_line(plan), ""]
+    lines += ["", _best_line(plan), *_runs_lines(plan), ""]
     header = ("pool", "devices", "role", "model", "tp/pp/dp", "ZeRO", "generation", "gen s", "prep s", "train s")
     rows = []
     for pool in plan["pools"]:
@@ -120,3 +120,14 @@ def _table(header: tuple, rows: list[tuple]) -> list[str]:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header).rstrip(), *(fmt.format(*row).rstrip() for row in rows)]
+
+
+def _runs_lines(plan: dict) -> list[str]:
+    """Whether `hflow train` runs the best plan as printed (plan.py: what_hflow_runs)."""
+    runs = plan["hflow_train"]
+    if runs["blocked_by"]:
+        return [f"not executable by hflow train: {'; '.join(runs['blocked_by'])}; hflow's engines run ZeRO "
+                "data parallelism only (`--parallel zero`, the default, plans what they run)"]
+    if runs["needs"]:
+        return [f"hflow train runs it with {'; '.join(runs['needs'])}"]
+    return []

@@ -129,6 +129,9 @@ class Mapper:
         dev = self.setting.device.name
         roles = self.setting.workload.roles
         fix = "add devices or use a larger GPU type" if dev != "cpu" else "use a smaller model or a GPU machine"
+        if dev != "cpu" and self.setting.parallel == "zero":
+            fix += ("; this is ZeRO data parallelism, what hflow train runs: `hflow map --parallel 3d` plans "
+                    "with the paper's tensor x pipeline parallelism, which hflow train does not run")
         alone = {}
         for role in roles:
             fitting = [n for n in device_counts(total, self.setting.per_node) if self.role_candidates(role, n)]

@@ -40,12 +40,14 @@ def test_map_every_shipped_recipe(invoke, recipe, tmp_path, monkeypatch):
     for path in loaded.role_models().values():
         if path.startswith("models/"):
             build_tiny_model(tmp_path / path)
-    result = invoke(recipe)
+    # The auto-mapper examples hflow cannot train (their headers say so) fit only the paper's 3D plans.
+    paper = ("--parallel", "3d") if "auto-mapper example only" in recipe.read_text() else ()
+    result = invoke(recipe, *paper)
     assert result.exit_code == 0, result.output
     placements = BELL[len(loaded.role_models())]
     assert "best plan:" in result.stdout and "runners-up" in result.stdout
     assert f"searched {placements} placements" in result.stdout
-    result = invoke(recipe, "--gpus", 128, "--json")
+    result = invoke(recipe, "--gpus", 128, "--json", *paper)
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     _check_schema(plan, 128)
@@ -65,7 +67,7 @@ def _check_schema(plan: dict, gpus: int):
 
 
 def test_top_k_runners_up(invoke):
-    plan = json.loads(invoke(RECIPES[0], "--gpus", 32, "--json", "--top", 5).stdout)
+    plan = json.loads(invoke(RECIPES[0], "--gpus", 32, "--json", "--top", 5, "--parallel", "3d").stdout)
     assert len(plan["runners_up"]) == 5
     costs = [plan["estimated_iteration_s"]] + [r["estimated_iteration_s"] for r in plan["runners_up"]]
     assert costs == sorted(costs)
@@ -111,3 +113,34 @@ def test_cpu_slots_without_gpus(invoke, tmp_path):
     plan = json.loads(invoke(path, "--json").stdout)
     assert plan["device"] == "cpu" and "CPU worker slots" in plan["note"]
     assert plan["parallel"] == "zero"
+
+
+def test_the_default_plans_what_hflow_train_runs_and_a_3d_plan_says_it_cannot(invoke):
+    """The paper's search puts Llama-2-7B's actor on tensor x pipeline parallelism, which hflow's
+    ZeRO engines cannot run: the default plans without it, and --parallel 3d marks its plan."""
+    args = ("ppo/llama2-7b", "--gpus", 16, "--gpus-per-node", 8, "--gpu", "h100-80g")
+    default = json.loads(invoke(*args, "--json").stdout)
+    assert default["parallel"] == "zero"
+    assert default["hflow_train"] == {"executable": True, "blocked_by": [], "needs": []}
+    layouts = [s[k] for s in default["strategies"].values() for k in ("train", "infer") if k in s]
+    assert layouts and all(layout["tp"] == layout["pp"] == 1 for layout in layouts)
+    assert "not executable" not in invoke(*args).stdout
+    paper = json.loads(invoke(*args, "--parallel", "3d", "--json").stdout)
+    assert not paper["hflow_train"]["executable"]
+    assert any(b.startswith("actor trains with tensor x pipeline parallelism") for b in paper["hflow_train"]["blocked_by"])
+    assert paper["estimated_iteration_s"] < default["estimated_iteration_s"]  # faster on paper, not runnable
+    assert "not executable by hflow train: actor trains with tensor x pipeline" in invoke(*args, "--parallel", "3d").stdout
+
+
+def test_what_hflow_runs_of_hand_written_strategies():
+    from hflow.mapper.plan import what_hflow_runs
+
+    zero = {"train": {"tp": 1, "pp": 1}, "generate": {"tp": 1}}
+    assert what_hflow_runs({"actor": zero}) == {"executable": True, "blocked_by": [], "needs": []}
+    vllm_tp = {"train": {"tp": 1, "pp": 1}, "generate": {"tp": 4}}
+    assert what_hflow_runs({"actor": vllm_tp}) == {
+        "executable": True, "blocked_by": [],
+        "needs": ["rollout.engine: vllm with rollout.tensor_parallel_size: 4 (actor)"]}
+    assert not what_hflow_runs({"rollout": {"generate": {"tp": 2}}}, asynchronous=True)["executable"]
+    assert what_hflow_runs({"reward": {"infer": {"tp": 1, "pp": 2}}})["blocked_by"] == [
+        "reward runs with tensor x pipeline parallelism 1x2"]
