@@ -39,6 +39,20 @@ PHASES = {
     "update_actor": "update_actor", "update_critic": "update_critic",
 }
 METER_ATTR = "_hflow_work_meter"  # on a metered model's input embedding: its ModelMeter
+# Worker methods that run ahead of the step whose work they are (async mode's generator): their
+# work is counted under `for_step(phase, step)`, so that the step that uses it reports it.
+AHEAD = {"generate_async"}
+
+
+def for_step(phase: str, step: int) -> str:
+    """The phase of work done ahead for step `step` (`AHEAD`); `of_step` reads it back."""
+    return f"{phase}@{step}"
+
+
+def of_step(phase: str) -> tuple[str, int | None]:
+    """(phase, step) of a phase written by `for_step`; (phase, None) for any other."""
+    base, sep, step = phase.partition("@")
+    return (base, int(step)) if sep else (phase, None)
 
 _lock = threading.Lock()
 _counts: dict[tuple[str, str], list[int]] = {}

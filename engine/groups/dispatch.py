@@ -101,7 +101,8 @@ def add_protocol(name: str, split, collect) -> Protocol:
 def register(dispatch: Protocol) -> Callable:
     """Mark a worker method with the protocol its WorkerGroup uses to call it. A method that
     computes a phase of the RL step (`work_meter.PHASES`) counts its models' work under that
-    phase, or under `eval` when its batch is an evaluation's (`meta["eval"]`)."""
+    phase, under `eval` when its batch is an evaluation's (`meta["eval"]`), and under the phase
+    of its batch's step when it runs ahead of that step (`work_meter.AHEAD`)."""
 
     def mark(method: Callable) -> Callable:
         phase = work_meter.PHASES.get(method.__name__)
@@ -110,8 +111,13 @@ def register(dispatch: Protocol) -> Callable:
         def inner(*args, **kwargs):
             if phase is None:
                 return method(*args, **kwargs)
-            evaluating = len(args) > 1 and isinstance(args[1], Batch) and args[1].meta.get("eval")
-            with work_meter.working_on(work_meter.EVAL if evaluating else phase):
+            batch = args[1] if len(args) > 1 and isinstance(args[1], Batch) else None
+            counted = phase
+            if batch is not None and batch.meta.get("eval"):
+                counted = work_meter.EVAL
+            elif batch is not None and method.__name__ in work_meter.AHEAD and "step" in batch.meta:
+                counted = work_meter.for_step(phase, int(batch.meta["step"]))
+            with work_meter.working_on(counted):
                 return method(*args, **kwargs)
 
         setattr(inner, DISPATCH_ATTR, dispatch)

@@ -62,6 +62,11 @@ def test_tiny_async_recipe_learns_within_its_bound_and_resumes_without_losing_a_
     for key in ("async/staleness_mean", "async/queue_depth", "async/generate_busy_s", "async/generate_idle_s",
                 "async/train_busy_s", "async/train_idle_s", "actor/off_policy_weight"):
         assert all(key in e for e in events), key
+    # The generator's work runs ahead of training, and each step reports the work of its own rollout
+    # (never part of the next one's): computed at least what its rows need, with no more than the
+    # padding and finished-row waste of one rollout (a race once gave steps 0.73x and 1.27x).
+    ratios = [e["work/generate/computed_flops"] / e["work/generate/needed_flops"] for e in events]
+    assert all(1.0 <= r < 1.25 for r in ratios), ratios
     prompts = _prompts_by_step(run)
 
     # A crash after step 37 with the last checkpoint at 35: the rollouts that were in flight are

@@ -60,6 +60,7 @@ class Session:
                             compute_threads=2 if recipe.trainer.mode == "async" else 1)  # + generator thread
         self.cpu_metrics: dict[str, float] = {}
         self.timings: dict[str, float] = {}
+        self.work_ahead: dict[int, dict] = {}  # work done ahead for later steps (`work/account.py`)
         self.start_step = 1
         self.progress = Progress(recipe.trainer.total_steps, recipe.logging.progress)
         self._step_started = 0.0
@@ -235,7 +236,8 @@ class Session:
             # Stages on different pools overlap: report the time the workers spent in each.
             self.timings.update(self.groups.worker_stage_seconds())
         event.update({f"timing/{k}": v for k, v in self.timings.items()})
-        event.update(work_metrics(self.groups, self.recipe, view, self.timings))  # work/<phase>/*: needed, computed
+        # work/<phase>/*: needed and computed; async mode's generator works ahead for later steps
+        event.update(work_metrics(self.groups, self.recipe, view, self.timings, step, self.work_ahead))
         event.update(self.cpu_metrics)
         event["timing/step"] = elapsed
         event["throughput/tokens_per_s"] = float(view[col.ATTENTION_MASK].sum()) / elapsed

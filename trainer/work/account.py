@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from hflow.engine import columns as col
+from hflow.engine import work_meter
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import resolve_dtype
@@ -49,9 +50,11 @@ PHASE_MODELS = {"generate": ("actor",), "old_log_prob": ("actor",), "reference":
 LM_HEAD = ("actor", "reference")  # the others score with a hidden x 1 head
 
 
-def work_metrics(groups, recipe: Recipe, view, timings: dict[str, float]) -> dict[str, float]:
-    """The step's `work/*` keys; `view` holds its rows' attention and response masks and uids."""
-    counts = take_counts(groups)
+def work_metrics(groups, recipe: Recipe, view, timings: dict[str, float], step: int | None = None,
+                 ahead: dict | None = None) -> dict[str, float]:
+    """The step's `work/*` keys; `view` holds its rows' attention and response masks and uids.
+    `ahead` (the caller's, kept across steps) holds work done ahead for later steps (`step_counts`)."""
+    counts = step_counts(take_counts(groups), step, {} if ahead is None else ahead)
     shapes = role_shapes(recipe)
     rows = step_rows(view[col.ATTENTION_MASK], view[col.RESPONSE_MASK].shape[1],
                      view[col.UID] if col.UID in view else None,
@@ -80,6 +83,30 @@ def needed_labels(phase: str, recipe: Recipe) -> tuple[str, ...]:
     return PHASE_MODELS[phase]
 
 
+def step_counts(counts: dict, step: int | None, ahead: dict) -> dict:
+    """The counts of step `step`: those taken now, with the work done ahead for this step (async
+    mode's generator, `work_meter.for_step`) moved under its phase, whether it was taken now or
+    with an earlier step (then kept in `ahead`, by step); work done ahead for a later step goes
+    into `ahead` until that step. A step of None takes everything as it is."""
+    out: dict = {}
+    pending = [(phase, labels) for phase, labels in counts.items()]
+    pending += [(phase, labels) for phase, labels in ahead.pop(step, {}).items()] if step is not None else []
+    for phase, labels in pending:
+        base, for_step = work_meter.of_step(phase)
+        if step is not None and for_step is not None and for_step > step:
+            _merge(ahead.setdefault(for_step, {}).setdefault(phase, {}), labels)
+        else:
+            _merge(out.setdefault(base, {}), labels)
+    return out
+
+
+def _merge(into: dict, labels: dict) -> None:
+    for label, fields in labels.items():
+        target = into.setdefault(label, {})
+        for field, value in fields.items():
+            target[field] = target.get(field, 0) + value
+
+
 def take_counts(groups) -> dict[str, dict[str, dict[str, int]]]:
     """Every group's ranks' meter counts, summed ({phase: {label: {field: count}}}). The rollout role
     of async mode is not asked (its calls queue behind the generation it runs ahead)."""
@@ -89,10 +116,7 @@ def take_counts(groups) -> dict[str, dict[str, dict[str, int]]]:
             continue
         for rank in resolve(group.take_work()):
             for phase, labels in rank.items():
-                for label, fields in labels.items():
-                    into = total.setdefault(phase, {}).setdefault(label, {})
-                    for field, value in fields.items():
-                        into[field] = into.get(field, 0) + value
+                _merge(total.setdefault(phase, {}), labels)
     return total
 
 

@@ -37,3 +37,28 @@ def test_events_carry_every_phases_needed_and_computed_work(tmp_path, tiny_model
         # the update is a forward and a backward (3x) of what the scoring pass needed
         assert event["work/update_actor/needed_flops"] == pytest.approx(3 * event["work/old_log_prob/needed_flops"])
         assert event["work/reference/needed_flops"] == event["work/old_log_prob/needed_flops"]  # same model
+
+
+def test_work_done_ahead_is_reported_by_the_step_it_was_done_for():
+    """Async mode's generator counts its work under the step it generates for (`work_meter.for_step`):
+    the step that uses the rollout reports it, whichever step's event took it from the meter."""
+    from hflow.engine import work_meter
+    from hflow.trainer.work.account import step_counts
+
+    def gen(tokens):
+        return {"actor": {"tokens": tokens, "keys": 1}}
+
+    ahead: dict = {}
+    # step 5's event: its own update, the end of step 5's generation and the start of step 6's
+    taken = {"update_actor": gen(7), work_meter.for_step("generate", 5): gen(10),
+             work_meter.for_step("generate", 6): gen(3)}
+    assert step_counts(taken, 5, ahead) == {"update_actor": gen(7), "generate": gen(10)}
+    assert ahead == {6: {"generate@6": gen(3)}}
+    # step 6's event: the rest of step 6's generation; its first part comes back from `ahead`
+    taken = {work_meter.for_step("generate", 6): gen(5), "update_actor": gen(7)}
+    assert step_counts(taken, 6, ahead) == {"generate": {"actor": {"tokens": 8, "keys": 2}}, "update_actor": gen(7)}
+    assert ahead == {}
+    # without a step (or for work of a step already reported) everything counts now
+    assert step_counts({"generate@2": gen(1), "generate": gen(1)}, None, {}) == {
+        "generate": {"actor": {"tokens": 2, "keys": 2}}}
+    assert work_meter.of_step("generate@12") == ("generate", 12) and work_meter.of_step("eval") == ("eval", None)
