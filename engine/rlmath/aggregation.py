@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
+from hflow.engine.rlmath.lazy_torch import torch
 from hflow.engine.rlmath.registry import Registry
 
-Aggregation = Callable[[torch.Tensor, torch.Tensor, "float | None", "int | None"], torch.Tensor]
+Aggregation = Callable[["torch.Tensor", "torch.Tensor", "float | None", "int | None"], "torch.Tensor"]
 AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
 
 

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
 from hflow.engine import columns as col
+from hflow.engine.rlmath.lazy_torch import torch
 from hflow.engine.rlmath.registry import Registry
 from hflow.engine.specs import KLSettings
 
-KL_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("KL estimator")
+KL_ESTIMATORS: Registry[Callable[["torch.Tensor"], "torch.Tensor"]] = Registry("KL estimator")
 
 
 @KL_ESTIMATORS.register("k1")

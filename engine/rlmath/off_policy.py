@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
+from hflow.engine.rlmath.lazy_torch import torch
 from hflow.engine.rlmath.registry import Registry
 
-Correction = Callable[[torch.Tensor, float], torch.Tensor]
+Correction = Callable[["torch.Tensor", float], "torch.Tensor"]
 OFF_POLICY_CORRECTIONS: Registry[Correction] = Registry("off-policy correction")
 
 

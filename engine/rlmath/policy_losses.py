@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
+from hflow.engine.rlmath.lazy_torch import torch
 from hflow.engine.rlmath.aggregation import aggregate, masked_mean
 from hflow.engine.rlmath.registry import Registry
 
