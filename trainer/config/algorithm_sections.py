@@ -18,7 +18,6 @@ from pydantic import Field
 from hflow.engine.rlmath.aggregation import AGGREGATIONS
 from hflow.engine.rlmath.kl import KL_ESTIMATORS
 from hflow.engine.rlmath.policy_losses import POLICY_LOSSES
-
 from hflow.trainer.config.sections import Section
 from hflow.trainer.roles import Algorithm
 
@@ -33,8 +32,7 @@ ClipBound = Annotated[float, Field(ge=0)]
 ALGORITHMS: dict[str, Algorithm] = {}
 SECTIONS: dict[str, type[Section]] = {}
 _PROGRAMS = "hflow.trainer.algorithms."
-# Why the loops of the algorithms with a critic, a greedy baseline or extra sampling rounds do not
-# run in `trainer.mode: async`.
+# Why PPO's loop does not run in `trainer.mode: async` (the others say why at their declaration).
 _CRITIC_NOT_ASYNC = "its critic trains on the same rollouts and the value targets would go stale with them"
 
 

@@ -1,7 +1,8 @@
 """The recipe schema: every key a recipe may set, its default and its meaning, in one place.
 
-The sections live in `sections.py` and `algorithm_sections.py`; the `Recipe` here puts
-them together and checks what spans sections. A YAML recipe only overrides these
+The sections live in `sections.py`, `run_sections.py` and `algorithm_sections.py`; the
+`Recipe` here puts them together (one section per declared algorithm, `@algorithm`) and checks
+what spans sections. A YAML recipe only overrides these
 defaults; `--set a.b=c` and `HFLOW_A__B=c` environment variables override the YAML (see
 `load.py`). An unknown key is an error, never silently ignored (STYLE.md, rule 4).
 """
