@@ -4,7 +4,7 @@ Ziegler et al. 2019, arXiv 1909.08593; Schulman et al. 2017, arXiv 1707.06347).
 Each step samples responses, scores them with the reward model (or function), charges
 the KL to the frozen reference per token in the reward, estimates advantages with GAE
 from the critic's values, and takes clipped steps on the critic and the policy. The KL
-coefficient is fixed or adapted towards `ppo.kl_target` (`kl_control.py`).
+coefficient is fixed or adapted towards `ppo.kl_target` (`engine/rlmath/kl.py`).
 """
 
 from __future__ import annotations
