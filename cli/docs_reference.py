@@ -48,18 +48,19 @@ def render_recipe_reference() -> str:
              "overrides these defaults in its YAML; `--set KEY=VALUE` and `HFLOW_<SECTION>__<KEY>` "
              "environment variables override the YAML. *Read by* names the algorithms that read a key "
              "(`all`: every algorithm).", ""]
-    top_level = [k for k in recipe_keys() if "." not in k.key]
-    sections = [name for name, field in Recipe.model_fields.items() if any(
-        k.key.startswith(name + ".") for k in recipe_keys())]
+    sections: dict[str, list] = {}  # section -> its keys, in the schema's order
+    top_level = []
+    for key in recipe_keys():
+        section, dot, _ = key.key.partition(".")
+        (sections.setdefault(section, []) if dot else top_level).append(key)
     lines += ["## Top level", ""]
-    lines += [_entry(k) for k in top_level if k.key not in sections]
-    for name in sections:
-        field = Recipe.model_fields[name]
-        keys = recipe_keys(name)
+    lines += [_entry(k) for k in top_level]
+    for name, keys in sections.items():
+        description = Recipe.model_fields[name].description
         lines += [f"## `{name}`", ""]
-        if field.description:
-            lines += [_text(field.description), ""]
-        lines += [_entry(k) for k in keys if k.key.startswith(name + ".")]
+        if description:
+            lines += [_text(description), ""]
+        lines += [_entry(k) for k in keys]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -14,10 +14,13 @@ import importlib
 
 
 class _Torch:
-    """Every attribute is torch's own, torch imported on the first one asked for."""
+    """Every attribute is torch's own, torch imported on the first one asked for; each attribute
+    is kept once read, so later reads are plain lookups."""
 
     def __getattr__(self, name: str):
-        return getattr(importlib.import_module("torch"), name)
+        value = getattr(importlib.import_module("torch"), name)
+        setattr(self, name, value)
+        return value
 
 
 torch = _Torch()

@@ -8,13 +8,14 @@ reward. A pure function of a micro-batch's tensors: the actor worker calls it, a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 from hflow.engine.rlmath.aggregation import aggregate, masked_mean
 from hflow.engine.rlmath.kl import kl_estimate
 from hflow.engine.rlmath.off_policy import behaviour_weights, sequence_behaviour_weights
-from hflow.engine.rlmath.policy_losses import policy_loss
+from hflow.engine.rlmath.policy_losses import PolicyLoss, policy_loss
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,16 @@ class ActorObjective:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
 
+    @cached_property
+    def loss(self) -> PolicyLoss:
+        """The registered policy loss `policy_loss` names, looked up once."""
+        return policy_loss(self.policy_loss)
+
     @property
     def per_token(self) -> bool:
         """Whether the loss is a mean over response tokens (else over sequences): what a
         mini-batch's loss is divided by."""
-        return self.loss_agg_mode == "token-mean" and not policy_loss(self.policy_loss).per_sequence
+        return self.loss_agg_mode == "token-mean" and not self.loss.per_sequence
 
     def __call__(self, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                  mask: torch.Tensor, normalizer: float, behaviour_log_probs: torch.Tensor | None = None,
@@ -46,7 +52,7 @@ class ActorObjective:
         `behaviour_log_probs` are the sampler's (read when a correction is on), `ref_log_probs` the
         reference's (read when kl_coef > 0)."""
         weights, weight_stats = self.off_policy_weights(old_log_probs, behaviour_log_probs, mask)
-        pg_loss, pg_stats = policy_loss(self.policy_loss).fn(
+        pg_loss, pg_stats = self.loss.fn(
             log_probs, old_log_probs, advantages, mask, *self.clip, normalizer=normalizer,
             mode=self.loss_agg_mode, horizon=self.horizon, weights=weights)
         loss = pg_loss
@@ -65,7 +71,7 @@ class ActorObjective:
         if self.off_policy_correction == "none":
             return None, {}
         mode, cap = self.off_policy_correction, self.off_policy_cap
-        if policy_loss(self.policy_loss).per_sequence:
+        if self.loss.per_sequence:
             weights = sequence_behaviour_weights(old_log_probs, behaviour_log_probs, mask, cap, mode)
             return weights, {"off_policy_weight": float(weights.mean())}
         weights = behaviour_weights(old_log_probs, behaviour_log_probs, cap, mode)

@@ -89,8 +89,9 @@ def step_counts(counts: dict, step: int | None, ahead: dict) -> dict:
     with an earlier step (then kept in `ahead`, by step); work done ahead for a later step goes
     into `ahead` until that step. A step of None takes everything as it is."""
     out: dict = {}
-    pending = [(phase, labels) for phase, labels in counts.items()]
-    pending += [(phase, labels) for phase, labels in ahead.pop(step, {}).items()] if step is not None else []
+    pending = list(counts.items())
+    if step is not None:
+        pending += ahead.pop(step, {}).items()
     for phase, labels in pending:
         base, for_step = work_meter.of_step(phase)
         if step is not None and for_step is not None and for_step > step:
