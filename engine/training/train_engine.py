@@ -8,6 +8,7 @@ so the same checkpoint serves every ZeRO stage and data-parallel size.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -65,6 +66,19 @@ def deepspeed_config(zero_stage: int, grad_clip: float, micro_batch_size: int, m
     return config
 
 
+def stage_worth_running(cfg: OptimSpec, world_size: int, device: torch.device, bf16: bool) -> OptimSpec:
+    """`cfg` with ZeRO-1/2 run as ZeRO-0 where they would only copy: one rank on the CPU with fp32
+    weights. ZeRO shards the optimizer's state over data-parallel ranks; alone there is nothing to
+    shard, and DeepSpeed's ZeRO-1/2 optimizer still keeps an fp32 master copy of the (already fp32)
+    weights and a flat fp32 copy of the gradients at every step: on SmolLM2-135M 513 MiB held for
+    the whole run and 513 MiB more during each optimizer step, for the same AdamW update. On a GPU
+    ZeRO-2 is what moves the training state off the device during the rollout (`offload_states`),
+    and bf16 weights need the fp32 master: those keep the recipe's stage."""
+    if cfg.zero_stage in (1, 2) and world_size == 1 and device.type == "cpu" and not bf16:
+        return dataclasses.replace(cfg, zero_stage=0)
+    return cfg
+
+
 MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 
@@ -114,6 +128,17 @@ class TrainEngine:
             self.engine.enable_backward_allreduce = False
         self.master = MasterState(self.optimizer)
         self.updates = 0
+
+    @classmethod
+    def for_role(cls, model: torch.nn.Module, cfg: OptimSpec, world_size: int, device: torch.device,
+                 dtype: torch.dtype) -> "TrainEngine":
+        """The engine of a trained role (actor, critic) of `world_size` data-parallel ranks: each
+        rank's share of the mini-batch in micro-batches of `cfg.micro_batch_size`, at the ZeRO stage
+        worth running there (`stage_worth_running`)."""
+        bf16 = dtype == torch.bfloat16
+        local_mini = cfg.mini_batch_size // world_size
+        return cls(model, stage_worth_running(cfg, world_size, device, bf16), cfg.total_updates,
+                   cfg.micro_batch_size, micro_steps=max(1, local_mini // cfg.micro_batch_size), bf16=bf16)
 
     @property
     def module(self) -> torch.nn.Module:

@@ -65,11 +65,7 @@ class CriticWorker(Worker):
             model.to(device=self.device, dtype=dtype)
         if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        local_mini = o.mini_batch_size // self.world_size
-        self.train_engine = TrainEngine(
-            model, o, o.total_updates, o.micro_batch_size,
-            micro_steps=max(1, local_mini // o.micro_batch_size), bf16=dtype == torch.bfloat16,
-        )
+        self.train_engine = TrainEngine.for_role(model, o, self.world_size, self.device, dtype)
         if checkpoint:
             self.train_engine.load(Path(checkpoint))
 

@@ -84,7 +84,11 @@ class OptimConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up from 0.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final LR / peak LR for linear and cosine.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
-    zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        1,
+        description="DeepSpeed ZeRO stage. Stages 1 and 2 run as 0 on a lone CPU rank with fp32 weights, "
+        "where there is nothing to shard and they would only keep a second copy of the weights.",
+    )
     mini_batch_size: Optional[int] = Field(
         None,
         gt=0,

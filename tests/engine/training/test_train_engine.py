@@ -229,3 +229,42 @@ print(type(engine.optimizer).__name__, "torch._inductor.compile_fx" in sys.modul
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-2:] == ["DeepSpeedZeroOptimizer", "False"]
+
+
+def test_one_cpu_rank_runs_zero_1_and_2_without_a_second_copy_of_the_weights(tiny_model, tmp_path):
+    """Alone on the CPU with fp32 weights, ZeRO-1/2 have nothing to shard, and DeepSpeed's ZeRO
+    optimizer would keep an fp32 master copy of the weights and a flat copy of the gradients: the
+    role's engine runs them as ZeRO-0 (the same AdamW), holding a role's weights, gradients and two
+    moments at its peak. The recipe's stage stays where it does something: bf16 weights (the fp32
+    master is needed), several ranks, a GPU (ZeRO-2 moves the state off it during the rollout)."""
+    from dataclasses import replace
+
+    from peak_memory import PeakAllocated
+
+    from hflow.engine.training.train_engine import stage_worth_running
+
+    ensure_process_group(torch.device("cpu"))
+    spec = replace(optim_spec(ActorConfig(lr=1e-2, zero_stage=1)), total_updates=4)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert [stage_worth_running(replace(spec, zero_stage=s), 1, cpu, False).zero_stage for s in range(4)] == [0, 0, 0, 3]
+    assert stage_worth_running(spec, 1, cpu, True).zero_stage == 1
+    assert stage_worth_running(spec, 2, cpu, False).zero_stage == 1
+    assert stage_worth_running(replace(spec, zero_stage=2), 1, gpu, False).zero_stage == 2
+
+    ids = torch.randint(3, 50, (4, 12), generator=torch.Generator().manual_seed(0))
+    peaks, weights = {}, {}
+    for how in ("as the recipe says", "worth running"):
+        model = load_causal_lm(str(tiny_model), torch.float32)
+        weights[how] = 4 * sum(p.numel() for p in model.parameters())
+        with PeakAllocated(tmp_path) as peak:
+            if how == "worth running":
+                engine = TrainEngine.for_role(model, spec, 1, cpu, torch.float32)
+            else:
+                engine = TrainEngine(model, spec, 4, spec.micro_batch_size, micro_steps=1, bf16=False)
+            _update(engine, ids)
+        peaks[how] = peak.peak
+        assert type(engine.optimizer).__name__ == ("AdamW" if how == "worth running" else "DeepSpeedZeroOptimizer")
+    # gradients + two moments (+ the activations of 48 tokens); ZeRO-1 adds a master copy, flat gradients
+    # and its reduction buckets
+    assert peaks["worth running"] < 3.5 * weights["worth running"]
+    assert peaks["as the recipe says"] > peaks["worth running"] + 1.5 * weights["worth running"]
