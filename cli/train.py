@@ -29,8 +29,10 @@ def train(
     resume: Annotated[Optional[Path], typer.Option(
         help="Continue the run in this run directory from its last checkpoint.")] = None,
     ray_address: Annotated[Optional[str], typer.Option(
-        help="Run the workers on an existing Ray cluster: 'auto' or HOST:PORT. Without it, a local "
-        "Ray instance is started when the placement needs the ray backend.")] = None,
+        envvar="RAY_ADDRESS", show_envvar=True,
+        help="Run the workers on an existing Ray cluster: 'auto' or HOST:PORT (`ray job submit` sets "
+        "RAY_ADDRESS). Without it, the recipe's placement.ray_address; without that, a local Ray "
+        "instance is started when the placement needs the ray backend.")] = None,
 ) -> None:
     """Train with RECIPE. Writes a run directory (recipe, events.jsonl, checkpoints, log).
 

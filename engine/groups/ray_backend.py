@@ -26,8 +26,9 @@ import torch
 
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
-from hflow.engine.groups.dist import cuda_index, free_port
+from hflow.engine.groups.dist import cuda_index, free_port, is_loopback
 from hflow.engine.groups.ray_futures import Future, Part, cut, union_all, unpack
+from hflow.engine.groups.ray_nodes import Node, alive_nodes, lay_out, lost_line
 from hflow.engine.groups.ray_watchdog import InputFailed, get_parts, ray_module
 from hflow.engine.groups.worker import ResourcePool, WorkerGroup
 from hflow.errors import first_line
@@ -74,7 +75,9 @@ def start_local_ray(num_cpus: int | None = None, log_to_driver: bool = True) -> 
         os.environ["RAY_AUTH_TOKEN"] = _RAY_MODE["token"]
     # Ray's note that token authentication is on ends in how to turn it off: not hflow's advice.
     logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
-    _init_keeping_sigterm(ray, num_cpus=num_cpus, include_dashboard=False, dashboard_host=LOOPBACK,
+    # address "local": a new instance even where `ray start` (or another run's cluster) left its
+    # address in Ray's temp directory, which ray.init() without one would join instead.
+    _init_keeping_sigterm(ray, address="local", num_cpus=num_cpus, include_dashboard=False, dashboard_host=LOOPBACK,
                           _node_ip_address=LOOPBACK, log_to_driver=log_to_driver, configure_logging=False)
 
 
@@ -86,6 +89,17 @@ def stop_local_ray() -> None:
         from ray._private import ray_constants
 
         ray_constants.ENABLE_RAY_CLUSTER = _RAY_MODE.pop("cluster")
+
+
+def _joining_as(address: str) -> dict:
+    """ray.init's node address for a driver joining the cluster at `address`. A head at a loopback
+    address other than 127.0.0.1 (127.0.0.2: several nodes on one machine, each at its own loopback
+    address) runs on this machine, and the driver joins as that node; Ray would otherwise take this
+    machine's network address for the driver's and find no node there. Elsewhere Ray's own choice."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if address in ("auto", "local") or host in ("127.0.0.1", "localhost", "::1") or not is_loopback(host):
+        return {}
+    return {"_node_ip_address": host}
 
 
 class FusedWorker:
@@ -132,8 +146,10 @@ class FusedWorker:
         return out
 
     def identity(self) -> dict:
-        """Where this process runs: its node's IP and its PID (plan.json records them)."""
-        return {"node": ray_module().util.get_node_ip_address(), "pid": os.getpid()}
+        """Where this process runs: its node's IP and Ray id, and its PID (plan.json records them)."""
+        ray = ray_module()
+        return {"node": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid()}
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port, for the pool's torch.distributed rendezvous."""
@@ -212,28 +228,45 @@ class RayCluster:
 
     def __init__(self, address: str | None, num_cpus: int | None = None, worker_timeout_s: float | None = None):
         ray = ray_module()
-        self.started = False
+        self.started = False  # a local instance this run started (and stops)
+        self.joined = False  # an existing cluster this run connected to (and disconnects from)
         self.worker_timeout_s = worker_timeout_s  # the watchdog: longest wait for one worker call
         if not ray.is_initialized():
             if address:  # a cluster of several machines: its authentication is the cluster's (docs/several-machines.md)
-                _init_keeping_sigterm(ray, address=address, log_to_driver=True, include_dashboard=False)
+                _init_keeping_sigterm(ray, address=address, log_to_driver=True, include_dashboard=False,
+                                      **_joining_as(address))
+                self.joined = True
             else:
                 start_local_ray(num_cpus)
                 self.started = True
         self.placement_groups = []
         self.handles: list = []
-        self.processes: dict[str, list[dict]] = {}  # pool -> each rank's {node, pid}
+        self.planned: dict[str, list[Node]] = {}  # pool -> each rank's node (`place`)
+        self.processes: dict[str, list[dict]] = {}  # pool -> each rank's {node, node_id, pid}
+        self.pool_roles: dict[str, list[str]] = {}  # pool -> the roles added to it
         self.in_flight: list[Part] = []
         self.stage: str | None = None  # the controller's current stage, tagged onto each call
 
-    def spawn_pool(self, pool: ResourcePool, use_gpu: bool) -> list:
-        """One fused worker per device of `pool`, pinned to a placement-group bundle each."""
+    def place(self, pools: list[ResourcePool], use_gpu: bool) -> dict[str, list[Node]]:
+        """Decide the node of every rank of `pools` (in order) on the cluster's alive nodes
+        (`ray_nodes.lay_out`); `spawn_pool` then starts each rank there."""
         ray = ray_module()
-        from ray.util.placement_group import placement_group
+        nodes = alive_nodes(ray.nodes(), ray.get_runtime_context().get_node_id(), use_gpu)
+        self.planned = lay_out([(p.name, p.world_size) for p in pools], nodes, use_gpu)
+        return self.planned
+
+    def spawn_pool(self, pool: ResourcePool, use_gpu: bool) -> list:
+        """One fused worker per device of `pool`, pinned to a placement-group bundle each, on the
+        node `place` chose for it (where it chose one)."""
+        ray = ray_module()
+        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        pg = placement_group([bundle] * pool.world_size, strategy="PACK", name=f"hflow-{pool.name}")
+        nodes = self.planned.get(pool.name)
+        selectors = [{NODE_ID_LABEL_KEY: node.id} for node in nodes] if nodes else None
+        pg = placement_group([bundle] * pool.world_size, strategy="PACK", name=f"hflow-{pool.name}",
+                             bundle_label_selector=selectors)
         ray.get(pg.ready(), timeout=120)
         self.placement_groups.append(pg)
         actor_cls = ray.remote(FusedWorker)
@@ -251,6 +284,9 @@ class RayCluster:
             handles.append(handle)
         self.handles.extend(handles)
         self.processes[pool.name] = ray.get([h.identity.remote() for h in handles], timeout=120)
+        if nodes:
+            for process, node in zip(self.processes[pool.name], nodes):
+                process["planned_node_id"] = node.id
         return handles
 
     def add_role(self, handles: list, role: str, worker_cls: type, pool: ResourcePool, *args,
@@ -259,7 +295,22 @@ class RayCluster:
                 for r, h in enumerate(handles)]
         get_parts([Part(ref, role, rank, call="init (building the worker)", timeout_s=self.worker_timeout_s)
                    for rank, ref in enumerate(refs)])
+        self.pool_roles.setdefault(pool.name, []).append(role)
         return RayWorkerGroup(role, pool, worker_cls, handles, self)
+
+    def lost_nodes(self) -> str | None:
+        """One line naming the nodes that carried this run's ranks and are no longer alive, with the
+        roles they carried; None while every one of them is (`ray_nodes.lost_line`)."""
+        ray = ray_module()
+        if not ray.is_initialized() or not self.processes:
+            return None
+        try:
+            dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+        except Exception:  # the cluster itself is gone (its head): nothing to ask
+            return None
+        ranks = [{**process, "ip": process["node"], "pool": pool, "rank": rank, "roles": self.pool_roles.get(pool, [])}
+                 for pool, processes in self.processes.items() for rank, process in enumerate(processes)]
+        return lost_line(dead, ranks)
 
     def stage_seconds(self) -> dict[str, float]:
         """Per stage, the longest time any worker process spent in it since the last call."""
@@ -290,3 +341,7 @@ class RayCluster:
         self.handles, self.placement_groups = [], []
         if self.started:
             stop_local_ray()
+        elif self.joined:
+            # The driver leaves the cluster with its run: its workers' printed lines, which Ray
+            # forwards with a delay, stop here, before the run's last line.
+            ray.shutdown()

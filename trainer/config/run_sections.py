@@ -34,6 +34,12 @@ class PlacementConfig(Section):
         default_factory=dict, description="explicit mode: pool name -> number of devices (GPUs or CPU slots)."
     )
     roles: dict[str, str] = Field(default_factory=dict, description="explicit mode: role -> pool name.")
+    ray_address: Optional[str] = Field(
+        None,
+        description="An existing Ray cluster to run the workers on ('auto' or HOST:PORT); `--ray-address` "
+        "and the RAY_ADDRESS environment variable (set by `ray job submit`) come first. Unset: a local "
+        "Ray instance is started when the placement needs the ray backend.",
+    )
 
 
 class TrainerConfig(Section):

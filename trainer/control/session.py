@@ -51,7 +51,8 @@ class Session:
         self.pad_token_id = tokenizer.pad_token_id  # what a streamed step's chunks are padded with
         self.data = PromptData(recipe.data, tokenizer, recipe.seed, recipe.trainer.prompts_per_step)
         self.evaluator = Evaluator(recipe, tokenizer) if recipe.trainer.eval_every else None
-        self.groups: WorkerGroups = build_worker_groups(recipe, roles, self.device, run.ray_address)
+        address = run.ray_address or recipe.placement.ray_address  # `--ray-address` (or RAY_ADDRESS) first
+        self.groups: WorkerGroups = build_worker_groups(recipe, roles, self.device, address)
         run.write_plan(self.groups.plan())
         _check_divisible(recipe, self.groups)
         # Only where the workers compute in this process: a local run on the CPU.
@@ -76,13 +77,17 @@ class Session:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         """Whatever ends the run early (an error, Ctrl-C or SIGTERM, a lost worker) marks it failed,
-        closes the progress display and the wandb run, and the worker groups always shut down."""
+        closes the progress display and the wandb run, and the worker groups always shut down. A
+        worker lost with its node (ray backend) is reported as the node's loss, with its roles."""
+        lost = self.groups.lost_nodes() if isinstance(exc, RunFailed) else None
         try:
             if exc is not None and not self._closed:
-                self.fail(self._last_step, failure_message(exc))
+                self.fail(self._last_step, lost or failure_message(exc))
         finally:
             self.cpu.restore()
             self.groups.shutdown()
+        if lost:  # a worker died with its node: the node is what the user needs to hear of
+            raise RunFailed(lost) from None
 
     # --- set-up and resume ------------------------------------------------------------
 

@@ -95,6 +95,11 @@ class WorkerGroups:
         if self.cluster is not None:
             self.cluster.settle()
 
+    def lost_nodes(self) -> str | None:
+        """On the ray backend, one line naming the nodes of this run the cluster lost and the roles
+        they carried; None otherwise."""
+        return self.cluster.lost_nodes() if self.cluster is not None else None
+
     def shutdown(self) -> None:
         if self.cluster is not None:
             self.cluster.shutdown()
@@ -153,6 +158,7 @@ def _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan)
     cluster = RayCluster(ray_address, num_cpus=None if kind == "cuda" else max(offset, recipe.cluster.cpu_slots),
                          worker_timeout_s=recipe.trainer.worker_timeout_s)
     try:
+        cluster.place(pools, use_gpu=kind == "cuda")  # the node of every rank (`engine/groups/ray_nodes.py`)
         handles = {p.name: cluster.spawn_pool(p, use_gpu=kind == "cuda") for p in pools}
         by_name = {p.name: p for p in pools}
         groups = {r: cluster.add_role(handles[role_pool[r]], r, worker_class(r), by_name[role_pool[r]],

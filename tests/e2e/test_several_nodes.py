@@ -1,0 +1,199 @@
+"""Several machines, on one: a Ray cluster of two nodes, each at its own loopback address (the head
+at 127.0.0.2, a second node at 127.0.0.3, one CPU slot each), started as Ray's own tests start
+theirs (`ray.cluster_utils.Cluster`), and `hflow train --ray-address` run against it as a user runs
+it against a cluster of machines.
+
+- data parallelism 2 split over the two nodes trains exactly as over two slots of one node (the
+  ranks' rendezvous at rank 0's node address, not localhost), each rank on the node the plan names;
+- split placement puts each pool on its planned node; a node lost mid-run ends the run in one line
+  naming the node and the roles it carried; on a restarted node `--resume` continues and ends as
+  the uninterrupted run;
+- async mode's rollout pool on the second node, the weights streamed to it across nodes: at
+  max_staleness 0 the same events as the synchronous run;
+- a driver killed on the head leaves no worker process behind;
+- RAY_ADDRESS selects the cluster as `--ray-address` does, and `ray job submit` runs `hflow train`
+  on the cluster (its job server sets RAY_ADDRESS for the entrypoint), the run directory where
+  the command line says.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import RUN_VARYING, finished_run, read_events, run_hflow, write_recipe
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+HEAD, SECOND = "127.0.0.2", "127.0.0.3"
+# Ray notices a node is gone when its health checks fail: every 0.5 s here, 3 in a row.
+HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 500}
+
+
+def _two_nodes(**head):
+    """A Ray cluster of two nodes with one CPU slot each: (cluster, second node)."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "node_ip_address": HEAD, "include_dashboard": False, "_system_config": HEALTH, **head})
+    return cluster, cluster.add_node(num_cpus=1, node_ip_address=SECOND)
+
+
+@pytest.fixture
+def two_nodes():
+    cluster, second = _two_nodes()
+    yield cluster, second
+    cluster.shutdown()
+
+
+def _recipe(tmp_path: Path, tiny_model: Path, name: str, trainer: dict | None = None, **sections) -> Path:
+    return write_recipe(tmp_path / f"{name}.yaml", tiny_model, name=name, cluster={"cpu_slots": 2},
+                        trainer={"total_steps": 3, "prompts_per_step": 8, "save_every": 1,
+                                 "output_dir": str(tmp_path / "runs"), **(trainer or {})},
+                        grpo={"kl_coef": 0.01}, **sections)
+
+
+def _ranks(run: Path) -> dict[str, list[dict]]:
+    return {p["name"]: p["processes"] for p in json.loads((run / "plan.json").read_text())["pools"]}
+
+
+def _same_training(want: list[dict], got: list[dict]) -> None:
+    assert [e["step"] for e in got] == [e["step"] for e in want] == list(range(1, len(want) + 1))
+    for a, b in zip(want, got):
+        compared = {k for k in a if not k.startswith(RUN_VARYING)}
+        assert {"reward/mean", "actor/pg_loss", "actor/grad_norm"} <= compared
+        assert {k: b[k] for k in compared} == {k: a[k] for k in compared}, a["step"]
+
+
+def test_data_parallel_ranks_on_two_nodes_train_as_on_one(two_nodes, tmp_path, tiny_model):
+    cluster, _ = two_nodes
+    recipe = _recipe(tmp_path, tiny_model, "dp2", placement={"backend": "ray", "mode": "colocate"})
+    one_node = run_hflow("train", str(recipe), cwd=tmp_path)  # hflow's own Ray instance: two slots of one node
+    _, want = finished_run(one_node, tmp_path)
+    two = run_hflow("train", str(recipe), "--ray-address", cluster.address, cwd=tmp_path)
+    run, got = finished_run(two, tmp_path)
+    _same_training(want, got)
+    ranks = _ranks(run)["pool0"]
+    assert [r["node"] for r in ranks] == [HEAD, SECOND]
+    assert all(r["node_id"] == r["planned_node_id"] for r in ranks)
+
+
+def test_split_pools_on_their_nodes_a_lost_node_and_the_resume_on_a_restarted_one(two_nodes, tmp_path, tiny_model):
+    cluster, second = two_nodes
+    # Long enough that the node is lost mid-run: it goes once step 2's checkpoint is written.
+    recipe = _recipe(tmp_path, tiny_model, "split", placement={"backend": "ray", "mode": "split"},
+                     trainer={"total_steps": 12, "save_every": 2})
+    _, want = finished_run(run_hflow("train", str(recipe), cwd=tmp_path), tmp_path)  # one node, uninterrupted
+
+    env = {**os.environ, "RAY_ADDRESS": cluster.address}  # as `ray job submit` sets it: no --ray-address
+    proc = subprocess.Popen([sys.executable, "-m", "hflow", "train", str(recipe)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = Path(proc.stderr.readline().split("run directory: ", 1)[1].strip())
+    while not (run / "checkpoints" / "step_000002").exists() and proc.poll() is None:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()
+    ranks = _ranks(run)
+    assert [r["node"] for r in ranks["actor"]] == [HEAD] and [r["node"] for r in ranks["rest"]] == [SECOND]
+    assert all(r["node_id"] == r["planned_node_id"] for pool in ranks.values() for r in pool)
+
+    cluster.remove_node(second, allow_graceful=False)  # its raylet and every worker on it, killed
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1
+    # Above it, the run's progress lines and what Ray's workers printed; the run ends in one line.
+    line = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and sum(ln.startswith("error: ") for ln in err.splitlines()) == 1, err[-3000:]
+    assert line.startswith(f"error: the Ray cluster lost a node during the run: node {SECOND} (Ray node "), line
+    assert "carried reference rank 0, reward rank 0" in line and "--resume" in line
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "failed" and line == f"error: {status['error']} (run directory: {run})"
+
+    cluster.add_node(num_cpus=1, node_ip_address=SECOND)  # the machine is back (a new Ray node)
+    resumed = run_hflow("train", "--resume", str(run), cwd=tmp_path, env={"RAY_ADDRESS": cluster.address})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _same_training(want, read_events(run))
+
+
+def test_async_rollout_on_its_own_node_at_staleness_0_is_the_synchronous_run(two_nodes, tmp_path, tiny_model):
+    cluster, _ = two_nodes
+    events, plans = {}, {}
+    for mode in ("sync", "async"):
+        recipe = _recipe(tmp_path, tiny_model, mode, placement={"backend": "ray", "mode": "split"},
+                         trainer={"save_every": 0, "mode": mode, "max_staleness": 0})
+        run, events[mode] = finished_run(run_hflow("train", str(recipe), "--ray-address", cluster.address,
+                                                   cwd=tmp_path), tmp_path)
+        plans[mode] = {pool: [r["node"] for r in ranks] for pool, ranks in _ranks(run).items()}
+    assert plans["async"] == {"train": [HEAD], "rollout": [SECOND]}  # generation on a node of its own
+    assert plans["sync"] == {"actor": [HEAD], "rest": [SECOND]}
+    for want, got in zip(events["sync"], events["async"], strict=True):
+        compared = {k for k in want if not k.startswith((*RUN_VARYING, "async/"))}
+        assert {"actor/loss", "kl/mean", "reward/mean"} <= compared
+        assert {k: got[k] for k in compared} == {k: want[k] for k in compared}, want["step"]
+        assert got["async/staleness_max"] == 0
+    assert events["sync"][0]["actor/loss"] != events["sync"][-1]["actor/loss"]
+
+
+def test_a_driver_killed_on_the_head_leaves_no_worker_on_the_other_node(two_nodes, tmp_path, tiny_model):
+    cluster, _ = two_nodes
+    recipe = _recipe(tmp_path, tiny_model, "killed", placement={"backend": "ray", "mode": "colocate"},
+                     trainer={"total_steps": 50, "save_every": 0})
+    proc = subprocess.Popen([sys.executable, "-m", "hflow", "train", str(recipe), "--ray-address", cluster.address],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = Path(proc.stderr.readline().split("run directory: ", 1)[1].strip())
+    while not (run / "events.jsonl").exists() or not (run / "events.jsonl").read_text().strip():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    ranks = _ranks(run)["pool0"]
+    assert [r["node"] for r in ranks] == [HEAD, SECOND]
+    workers = [r["pid"] for r in ranks]
+    assert all(_alive(pid) for pid in workers)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 120  # a liveness bound: Ray ends a dead driver's actors within its timeouts
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie waiting for its parent does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ray_job_submit_runs_hflow_train_on_the_cluster(tmp_path, tiny_model, monkeypatch):
+    import importlib.util
+
+    from hflow.engine.groups.dist import free_port
+
+    if importlib.util.find_spec("aiohttp_cors") is None:  # Ray's job server: the `cluster` extra
+        if os.environ.get("CI"):
+            pytest.fail("CI installs hflow[cluster] (`make setup`), but Ray's job server cannot load")
+        pytest.skip("Ray's job server is not installed: pip install -e '.[cluster]'")
+
+    # The job's entrypoint runs on the head with the cluster's PATH: this environment's `hflow`.
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    port = free_port()
+    cluster, _ = _two_nodes(include_dashboard=True, dashboard_host=HEAD, dashboard_port=port)
+    try:
+        (tmp_path / "job").mkdir()
+        recipe = _recipe(tmp_path / "job", tiny_model, "job", placement={"backend": "ray", "mode": "colocate"},
+                         trainer={"total_steps": 2, "save_every": 0})
+        out = tmp_path / "runs-from-the-job"
+        submit = subprocess.run(
+            [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", f"http://{HEAD}:{port}",
+             "--working-dir", str(tmp_path / "job"), "--", "hflow", "train", recipe.name, "--output-dir", str(out)],
+            capture_output=True, text=True, timeout=600)
+        assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+    finally:
+        cluster.shutdown()
+    (run,) = out.iterdir()  # the run directory where --output-dir put it, not in the job's working copy
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+    assert [e["step"] for e in read_events(run)] == [1, 2]
+    assert [r["node"] for r in _ranks(run)["pool0"]] == [HEAD, SECOND]
