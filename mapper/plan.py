@@ -45,7 +45,10 @@ def resolve_cluster(recipe, gpus: int | None = None, gpus_per_node: int | None =
             why = "cluster.gpus is 0" if not total else "the GPU type is `auto`"
             note = (f"no GPU visible and {why}: planning {slots} CPU worker slots "
                     f"(give --gpus N --gpu TYPE to plan for GPUs)")
-        return Cluster(cpu_device(slots), slots, slots, note)
+        # One machine's slots, unless the nodes' size is given (--gpus-per-node, or cluster.cpu_slots_per_node:
+        # a Ray cluster of several machines).
+        per_node = gpus_per_node or recipe.cluster.cpu_slots_per_node or slots
+        return Cluster(cpu_device(slots), slots, min(slots, per_node), note)
     note = ""
     if not total:
         total = visible_gpus()

@@ -1,10 +1,11 @@
 """Which node of a Ray cluster each rank of a run's pools goes to, and which roles a lost node carried.
 
-The pools' devices are laid over the cluster's nodes in order, as the auto-mapper plans them (its
-pools are contiguous ranges of devices over nodes of `--gpus-per-node`): the node of the process
-that drives the run first, then the others by address. A pool stays on one node unless it is
-larger than what is left there; it then continues on the next node, and its torch.distributed
-rendezvous is at its rank 0's node. The placement is fixed when the run starts: a node that joins
+The nodes are taken in order: the node of the process that drives the run first, then the others
+by address. Each pool in turn goes whole on the first node with room for it (first fit: a pool of
+4 GPUs, then one of 8, then one of 4 on nodes of 8 use two nodes, not three); a pool larger than
+any node's room spans the free devices in node order, whole nodes then the rest, and its
+torch.distributed rendezvous is at its rank 0's node. That is how the auto-mapper sizes pools
+(part of one node, or whole nodes of `cluster.gpus_per_node`). The placement is fixed when the run starts: a node that joins
 later is not used (a run continued with `--resume` lays its pools out again, over the nodes alive
 then). `plan.json` records the planned node of every rank beside where it runs.
 
@@ -45,11 +46,20 @@ def lay_out(pools: list[tuple[str, int]], nodes: list[Node], use_gpu: bool) -> d
         nodes_text = ", ".join(f"{n.ip} {n.slots}" for n in nodes) or "none with any"
         raise UserError(f"the run's pools need {need} {kind} ({pools_text}) and the Ray cluster's alive nodes "
                         f"have {have} ({nodes_text}): add nodes, or lower cluster.gpus / cluster.cpu_slots")
-    slots = [node for node in nodes for _ in range(node.slots)]
-    placed, start = {}, 0
+    free = {node.id: node.slots for node in nodes}
+    placed = {}
     for name, size in pools:
-        placed[name] = slots[start:start + size]
-        start += size
+        home = next((node for node in nodes if free[node.id] >= size), None)
+        if home is not None:
+            free[home.id] -= size
+            placed[name] = [home] * size
+            continue
+        ranks = []
+        for node in sorted(nodes, key=lambda n: free[n.id] != n.slots):  # whole free nodes first, in order
+            take = min(free[node.id], size - len(ranks))
+            free[node.id] -= take
+            ranks += [node] * take
+        placed[name] = ranks
     return placed
 
 

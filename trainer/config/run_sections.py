@@ -17,6 +17,9 @@ class ClusterConfig(Section):
     gpu: str = Field("auto", description="GPU type for the auto-mapper's cost model, e.g. a100-80g; "
                      "`auto`: detect the visible GPU.")
     cpu_slots: int = Field(1, gt=0, description="Worker slots (one process each) when running without GPUs.")
+    cpu_slots_per_node: Optional[int] = Field(
+        None, gt=0, description="Without GPUs, the worker slots of one machine of a Ray cluster: the auto-mapper "
+        "plans nodes of this size (as gpus_per_node on GPUs). Unset: every slot on one machine.")
 
 
 class PlacementConfig(Section):

@@ -19,11 +19,24 @@ def test_the_drivers_node_comes_first_then_the_others_by_address():
         [("a", 8), ("b", 8), ("c", 8), ("e", 8)]
 
 
-def test_pools_fill_the_nodes_in_order_and_straddle_only_where_a_node_is_full():
+def _ids(placed):
+    return {pool: [n.id for n in on] for pool, on in placed.items()}
+
+
+def test_a_pool_goes_whole_on_the_first_node_with_room_and_spans_only_when_none_has():
+    eight = [Node("a", "10.0.0.1", 8), Node("b", "10.0.0.2", 8)]
+    # 4, then 8, then 4 on two nodes of 8: the second 4 goes beside the first, nothing straddles.
+    assert _ids(lay_out([("actor", 4), ("rollout", 8), ("reward", 4)], eight, use_gpu=True)) == \
+        {"actor": ["a"] * 4, "rollout": ["b"] * 8, "reward": ["a"] * 4}
+    # data parallelism over more devices than a node has: whole nodes, in order
+    assert _ids(lay_out([("actor", 12), ("rest", 4)], eight, use_gpu=True)) == \
+        {"actor": ["a"] * 8 + ["b"] * 4, "rest": ["b"] * 4}
     nodes = [Node("a", "10.0.0.1", 2), Node("b", "10.0.0.2", 2), Node("c", "10.0.0.3", 4)]
-    placed = lay_out([("actor", 2), ("rest", 3), ("reward", 1)], nodes, use_gpu=True)
-    assert {pool: [n.id for n in on] for pool, on in placed.items()} == \
-        {"actor": ["a", "a"], "rest": ["b", "b", "c"], "reward": ["c"]}
+    assert _ids(lay_out([("actor", 2), ("rest", 3), ("reward", 1)], nodes, use_gpu=True)) == \
+        {"actor": ["a", "a"], "rest": ["c", "c", "c"], "reward": ["b"]}
+    # two slots left on different nodes, a pool of two: it spans them (first the node that is left whole)
+    assert _ids(lay_out([("x", 3), ("y", 3), ("z", 2)], [Node("a", "1", 4), Node("b", "2", 4)], use_gpu=True)) == \
+        {"x": ["a"] * 3, "y": ["b"] * 3, "z": ["a", "b"]}
 
 
 def test_more_devices_than_the_cluster_has_is_one_line_naming_both():
