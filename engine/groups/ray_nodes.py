@@ -5,9 +5,10 @@ by address. Each pool in turn goes whole on the first node with room for it (fir
 4 GPUs, then one of 8, then one of 4 on nodes of 8 use two nodes, not three); a pool larger than
 any node's room spans the free devices in node order, whole nodes then the rest, and its
 torch.distributed rendezvous is at its rank 0's node. That is how the auto-mapper sizes pools
-(part of one node, or whole nodes of `cluster.gpus_per_node`). The placement is fixed when the run starts: a node that joins
-later is not used (a run continued with `--resume` lays its pools out again, over the nodes alive
-then). `plan.json` records the planned node of every rank beside where it runs.
+(part of one node, or whole nodes of `cluster.gpus_per_node`). The placement is fixed when the run
+starts: a node that joins later is not used (a run continued with `--resume` lays its pools out
+again, over the nodes alive then). `plan.json` records the planned node of every rank beside
+where it runs.
 
 A device is a GPU on a GPU run, a CPU slot (`ray start --num-cpus`) otherwise.
 """
@@ -36,8 +37,9 @@ def alive_nodes(ray_nodes: list[dict], here: str, use_gpu: bool) -> list[Node]:
 
 
 def lay_out(pools: list[tuple[str, int]], nodes: list[Node], use_gpu: bool) -> dict[str, list[Node]]:
-    """Each pool's node per rank: the pools' devices, in order, over the nodes' slots in order.
-    Raises a UserError when the pools need more devices than the nodes have."""
+    """Each pool's node per rank, pool by pool: on the first node with room for all of it, else over
+    the free devices, whole free nodes first (the module's docstring). Raises a UserError when the
+    pools need more devices than the nodes have."""
     need = sum(size for _, size in pools)
     have = sum(n.slots for n in nodes)
     if need > have:
@@ -74,6 +76,6 @@ def lost_line(dead: set[str], ranks: list[dict]) -> str | None:
         return None
     nodes = "; ".join(f"node {ip} (Ray node {node_id[:8]}) carried {', '.join(sorted(roles))}"
                       for (ip, node_id), roles in carried.items())
-    return (f"the Ray cluster lost {'a node' if len(carried) == 1 else f'{len(carried)} nodes'} during the run: {nodes}; "
-            "its last checkpoint is kept: `hflow train --resume RUN_DIR` continues once the cluster has "
-            "the devices again")
+    lost = "a node" if len(carried) == 1 else f"{len(carried)} nodes"
+    return (f"the Ray cluster lost {lost} during the run: {nodes}; its last checkpoint is kept: "
+            "`hflow train --resume RUN_DIR` continues once the cluster has the devices again")

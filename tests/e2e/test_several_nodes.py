@@ -71,7 +71,9 @@ def test_data_parallel_ranks_on_two_nodes_train_as_on_one(two_nodes, tmp_path, t
     cluster, _ = two_nodes
     recipe = _recipe(tmp_path, tiny_model, "dp2", placement={"backend": "ray", "mode": "colocate"},
                      trainer={"total_steps": 2, "save_every": 0})
-    one_node = run_hflow("train", str(recipe), cwd=tmp_path)  # hflow's own Ray instance: two slots of one node
+    # hflow's own Ray instance, two slots of one node: started beside the cluster, whose address Ray
+    # recorded on this machine (a plain ray.init() would join that cluster instead).
+    one_node = run_hflow("train", str(recipe), cwd=tmp_path)
     _, want = finished_run(one_node, tmp_path)
     two = run_hflow("train", str(recipe), "--ray-address", cluster.address, cwd=tmp_path)
     run, got = finished_run(two, tmp_path)
