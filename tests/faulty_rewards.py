@@ -52,6 +52,16 @@ def slow(prompts, responses, **columns):
     return synthetic(prompts, responses, **columns)
 
 
+def held_from_third_call(prompts, responses, **columns):
+    """`synthetic`; from the third call of its process on, it waits while the file named by
+    REWARD_HOLD_FILE exists: a run a test holds in its third step (to kill a node under it)."""
+    _calls["n"] += 1
+    hold = os.environ.get("REWARD_HOLD_FILE")
+    while _calls["n"] >= 3 and hold and os.path.exists(hold):
+        time.sleep(0.1)
+    return synthetic(prompts, responses, **columns)
+
+
 def hangs_at_second_call(prompts, responses, **columns):
     """Step 2's call never returns, as a reward service that stopped answering."""
     _calls["n"] += 1

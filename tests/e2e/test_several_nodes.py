@@ -7,8 +7,8 @@ it against a cluster of machines.
   ranks' rendezvous at rank 0's node address, not localhost), each rank on the node the plan names;
   the auto-mapper's plan for nodes of one slot runs as planned;
 - split placement puts each pool on its planned node; a node lost mid-run ends the run in one line
-  naming the node and the roles it carried; on a restarted node `--resume` continues and ends as
-  the uninterrupted run;
+  naming the node and the roles it carried (the run held in its third step by its reward function
+  while the node goes); on a restarted node `--resume` continues and ends as the uninterrupted run;
 - async mode's rollout pool on the second node, the weights streamed to it across nodes: at
   max_staleness 0 the same events as the synchronous run;
 - a driver killed on the head leaves no worker process behind;
@@ -36,10 +36,18 @@ HEAD, SECOND = "127.0.0.2", "127.0.0.3"
 HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 500}
 
 
+TESTS = Path(__file__).resolve().parents[1]
+
+
 @pytest.fixture
-def two_nodes():
-    """A Ray cluster of two nodes with one CPU slot each; yields (cluster, second node)."""
+def two_nodes(monkeypatch, tmp_path):
+    """A Ray cluster of two nodes with one CPU slot each; yields (cluster, second node). Its workers
+    (which inherit the environment of the nodes, not of `hflow train`) import the test reward
+    functions from tests/, and `faulty_rewards.held_from_third_call` waits on tmp_path/hold."""
     from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("REWARD_HOLD_FILE", str(tmp_path / "hold"))
 
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "node_ip_address": HEAD, "include_dashboard": False, "_system_config": HEALTH})
@@ -95,9 +103,11 @@ def test_data_parallel_ranks_on_two_nodes_train_as_on_one(two_nodes, tmp_path, t
 
 def test_split_pools_async_rollout_a_lost_node_and_the_resume_on_a_restarted_one(two_nodes, tmp_path, tiny_model):
     cluster, second = two_nodes
-    # Long enough that the node is lost mid-run: it goes once step 2's checkpoint is written.
-    split = {"placement": {"backend": "ray", "mode": "split"}}
-    recipe = _recipe(tmp_path, tiny_model, "split", trainer={"total_steps": 12, "save_every": 2}, **split)
+    # The reward (on the second node) holds the interrupted run in step 3 while tmp_path/hold exists:
+    # the node is lost mid-run however fast or slow the machine; unheld it scores as `synthetic`.
+    split = {"placement": {"backend": "ray", "mode": "split"},
+             "reward": {"function": "faulty_rewards:held_from_third_call"}}
+    recipe = _recipe(tmp_path, tiny_model, "split", trainer={"total_steps": 6, "save_every": 2}, **split)
     run, want = finished_run(run_hflow("train", str(recipe), "--ray-address", cluster.address, cwd=tmp_path), tmp_path)
     assert {pool: [r["node"] for r in ranks] for pool, ranks in _ranks(run).items()} == \
         {"actor": [HEAD], "rest": [SECOND]}
@@ -105,7 +115,7 @@ def test_split_pools_async_rollout_a_lost_node_and_the_resume_on_a_restarted_one
 
     # Async mode: the rollout pool on the second node, the weights streamed to it across nodes; at
     # max_staleness 0 it trains on what the synchronous run trained on.
-    asynchronous = _recipe(tmp_path, tiny_model, "async", trainer={"total_steps": 12, "save_every": 0, "mode": "async",
+    asynchronous = _recipe(tmp_path, tiny_model, "async", trainer={"total_steps": 6, "save_every": 0, "mode": "async",
                                                                    "max_staleness": 0}, **split)
     run, got = finished_run(run_hflow("train", str(asynchronous), "--ray-address", cluster.address, cwd=tmp_path),
                             tmp_path)
@@ -114,6 +124,7 @@ def test_split_pools_async_rollout_a_lost_node_and_the_resume_on_a_restarted_one
     _same_training(want, [{k: v for k, v in e.items() if not k.startswith("async/")} for e in got])
     assert all(e["async/staleness_max"] == 0 for e in got)
 
+    (tmp_path / "hold").touch()
     env = {**os.environ, "RAY_ADDRESS": cluster.address}  # as `ray job submit` sets it: no --ray-address
     proc = subprocess.Popen([sys.executable, "-m", "hflow", "train", str(recipe)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -132,6 +143,7 @@ def test_split_pools_async_rollout_a_lost_node_and_the_resume_on_a_restarted_one
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "failed" and line == f"error: {status['error']} (run directory: {run})"
 
+    (tmp_path / "hold").unlink()
     cluster.add_node(num_cpus=1, node_ip_address=SECOND)  # the machine is back (a new Ray node)
     resumed = run_hflow("train", "--resume", str(run), cwd=tmp_path, env={"RAY_ADDRESS": cluster.address})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
