@@ -149,18 +149,17 @@ def _check_rollout_pool(recipe: Recipe, role_pool: dict[str, str]) -> None:
                         "of its own in placement.roles (or placement.backend: local, one device)")
 
 
-def check_nodes_as_planned(placed: dict[str, list], per_node: int) -> None:
-    """placement: auto sized its pools for nodes of `per_node` devices (`cluster.gpus_per_node`, on a CPU
-    run `cluster.cpu_slots_per_node`): a pool that fits one such node was planned on one node, and is
-    not run across two."""
+def check_nodes_as_planned(placed: dict[str, list], per_node: int, key: str = "cluster.gpus_per_node") -> None:
+    """placement: auto sized its pools for nodes of `per_node` devices (`key`: `cluster.gpus_per_node`, on
+    a CPU run `cluster.cpu_slots_per_node`): a pool that fits one such node was planned on one node,
+    and is not run across two."""
     nodes = {node.id: node for ranks in placed.values() for node in ranks}
     for pool, ranks in placed.items():
         if len(ranks) <= per_node and len({node.id for node in ranks}) > 1:
             sizes = ", ".join(f"{node.ip} {node.slots}" for node in nodes.values())
             raise UserError(f"placement.mode auto planned pool {pool!r} ({len(ranks)} devices) on one node of "
-                            f"cluster.gpus_per_node={per_node} devices, but laid over the Ray cluster's nodes "
-                            f"({sizes} devices) it would span {len({node.id for node in ranks})}: set "
-                            "cluster.gpus_per_node (cluster.cpu_slots_per_node without GPUs) to the devices of one "
+                            f"{per_node} devices ({key}), but laid over the Ray cluster's nodes ({sizes} devices) "
+                            f"it would span {len({node.id for node in ranks})}: set {key} to the devices of one "
                             "node, or placement.mode explicit with pools that fit the nodes")
 
 
@@ -175,7 +174,8 @@ def _ray_groups(recipe, roles, sizes, role_pool, kind, ray_address, mapper_plan)
     try:
         placed = cluster.place(pools, use_gpu=kind == "cuda")  # the node of every rank (`engine/groups/ray_nodes.py`)
         if mapper_plan is not None:
-            check_nodes_as_planned(placed, mapper_plan["gpus_per_node"])
+            check_nodes_as_planned(placed, mapper_plan["gpus_per_node"],
+                                   "cluster.gpus_per_node" if kind == "cuda" else "cluster.cpu_slots_per_node")
         handles = {p.name: cluster.spawn_pool(p, use_gpu=kind == "cuda") for p in pools}
         by_name = {p.name: p for p in pools}
         groups = {r: cluster.add_role(handles[role_pool[r]], r, worker_class(r), by_name[role_pool[r]],

@@ -18,7 +18,10 @@ def test_a_pool_planned_on_one_node_that_would_span_two_is_one_line():
     four = [Node("a", "10.0.0.1", 4), Node("b", "10.0.0.2", 4)]
     with pytest.raises(UserError) as err:
         check_nodes_as_planned(lay_out([("actor", 6), ("rest", 2)], four, use_gpu=True), 8)
-    assert str(err.value).startswith("placement.mode auto planned pool 'actor' (6 devices) on one node of "
-                                     "cluster.gpus_per_node=8 devices, but laid over the Ray cluster's nodes "
-                                     "(10.0.0.1 4, 10.0.0.2 4 devices) it would span 2: set cluster.gpus_per_node "
-                                     "(cluster.cpu_slots_per_node without GPUs)")
+    assert str(err.value) == ("placement.mode auto planned pool 'actor' (6 devices) on one node of 8 devices "
+                              "(cluster.gpus_per_node), but laid over the Ray cluster's nodes (10.0.0.1 4, 10.0.0.2 4 "
+                              "devices) it would span 2: set cluster.gpus_per_node to the devices of one node, or "
+                              "placement.mode explicit with pools that fit the nodes")
+    with pytest.raises(UserError, match=r"\(cluster.cpu_slots_per_node\).*set cluster.cpu_slots_per_node"):
+        check_nodes_as_planned(lay_out([("pool0", 2)], [Node("a", "1", 1), Node("b", "2", 1)], use_gpu=False), 2,
+                               "cluster.cpu_slots_per_node")
