@@ -308,7 +308,7 @@ class RayCluster:
             dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
         except Exception:  # the cluster itself is gone (its head): nothing to ask
             return None
-        ranks = [{**process, "ip": process["node"], "pool": pool, "rank": rank, "roles": self.pool_roles.get(pool, [])}
+        ranks = [{**process, "pool": pool, "rank": rank, "roles": self.pool_roles.get(pool, [])}
                  for pool, processes in self.processes.items() for rank, process in enumerate(processes)]
         return lost_line(dead, ranks)
 

@@ -67,11 +67,12 @@ def lay_out(pools: list[tuple[str, int]], nodes: list[Node], use_gpu: bool) -> d
 
 def lost_line(dead: set[str], ranks: list[dict]) -> str | None:
     """One line naming the nodes in `dead` (ids) that carried ranks of the run and the roles they
-    carried, or None when none did. `ranks`: per rank {node_id, ip, pool, rank, roles}."""
+    carried, or None when none did. `ranks`: per rank its process as plan.json records it ({node,
+    node_id, ...}) with its pool, rank and roles."""
     carried: dict[tuple[str, str], list[str]] = {}
     for r in ranks:
         if r["node_id"] in dead:
-            carried.setdefault((r["ip"], r["node_id"]), []).extend(f"{role} rank {r['rank']}" for role in r["roles"])
+            carried.setdefault((r["node"], r["node_id"]), []).extend(f"{role} rank {r['rank']}" for role in r["roles"])
     if not carried:
         return None
     nodes = "; ".join(f"node {ip} (Ray node {node_id[:8]}) carried {', '.join(sorted(roles))}"

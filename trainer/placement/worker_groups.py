@@ -155,11 +155,12 @@ def check_nodes_as_planned(placed: dict[str, list], per_node: int, key: str = "c
     and is not run across two."""
     nodes = {node.id: node for ranks in placed.values() for node in ranks}
     for pool, ranks in placed.items():
-        if len(ranks) <= per_node and len({node.id for node in ranks}) > 1:
+        spans = len({node.id for node in ranks})
+        if len(ranks) <= per_node and spans > 1:
             sizes = ", ".join(f"{node.ip} {node.slots}" for node in nodes.values())
             raise UserError(f"placement.mode auto planned pool {pool!r} ({len(ranks)} devices) on one node of "
                             f"{per_node} devices ({key}), but laid over the Ray cluster's nodes ({sizes} devices) "
-                            f"it would span {len({node.id for node in ranks})}: set {key} to the devices of one "
+                            f"it would span {spans}: set {key} to the devices of one "
                             "node, or placement.mode explicit with pools that fit the nodes")
 
 

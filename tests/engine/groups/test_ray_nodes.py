@@ -47,9 +47,9 @@ def test_more_devices_than_the_cluster_has_is_one_line_naming_both():
 
 
 def test_a_lost_node_is_named_with_the_roles_it_carried():
-    ranks = [{"node_id": "aaaa1111", "ip": "10.0.0.1", "pool": "actor", "rank": 0, "roles": ["actor"]},
-             {"node_id": "bbbb2222cccc", "ip": "10.0.0.2", "pool": "actor", "rank": 1, "roles": ["actor"]},
-             {"node_id": "bbbb2222cccc", "ip": "10.0.0.2", "pool": "rest", "rank": 0, "roles": ["reference", "reward"]}]
+    ranks = [{"node_id": "aaaa1111", "node": "10.0.0.1", "pool": "actor", "rank": 0, "roles": ["actor"]},
+             {"node_id": "bbbb2222cccc", "node": "10.0.0.2", "pool": "actor", "rank": 1, "roles": ["actor"]},
+             {"node_id": "bbbb2222cccc", "node": "10.0.0.2", "pool": "rest", "rank": 0, "roles": ["reference", "reward"]}]
     line = lost_line({"bbbb2222cccc", "other"}, ranks)
     assert line.startswith("the Ray cluster lost a node during the run: node 10.0.0.2 (Ray node bbbb2222) carried "
                            "actor rank 1, reference rank 0, reward rank 0; ")
