@@ -204,10 +204,16 @@ def test_ray_job_submit_runs_hflow_train_on_the_cluster(tmp_path, tiny_model, mo
         recipe = _recipe(tmp_path / "job", tiny_model, "job", placement={"backend": "ray", "mode": "colocate"},
                          trainer={"total_steps": 2, "save_every": 0})
         out = tmp_path / "runs-from-the-job"
-        submit = subprocess.run(
-            [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", f"http://{HEAD}:{port}",
-             "--working-dir", str(tmp_path / "job"), "--", "hflow", "train", recipe.name, "--output-dir", str(out)],
-            capture_output=True, text=True, timeout=600)
+        command = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", f"http://{HEAD}:{port}",
+                   "--working-dir", str(tmp_path / "job"), "--", "hflow", "train", recipe.name, "--output-dir", str(out)]
+        # The head's job agent starts after the cluster and registers itself when it is up; until then
+        # the job server waits 10 s and refuses the job, saying to try again (seen once on a busy CI
+        # machine). A refused job was never created, so submitting again is safe.
+        deadline = time.monotonic() + 180
+        while True:
+            submit = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            if "No available agent" not in submit.stderr or time.monotonic() > deadline:
+                break
         assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
     finally:
         cluster.shutdown()
