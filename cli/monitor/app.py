@@ -16,7 +16,7 @@ from textual.containers import Grid, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, RichLog, Static, TabbedContent, TabPane
 
-from hflow.cli.monitor import panes
+from hflow.cli.monitor import eval_pane, panes
 from hflow.cli.monitor.charts import Chart
 from hflow.trainer.rundir.watcher import RunWatcher
 
@@ -86,6 +86,7 @@ class MonitorApp(App):
         # and the timer keeps updating these while the help screen is on top.
         self.header_view = Static(id="header")
         self.charts = [Chart(spec, id="chart-" + spec.key.replace("/", "-")) for spec in panes.CHARTS]
+        self.eval_view = Static(id="eval-sets")
         self.other_view = Static(id="other")
         self.timing_view = Static(id="timing-view")
         self.placement_view = Static(id="placement-view")
@@ -96,6 +97,7 @@ class MonitorApp(App):
             with TabPane("Charts", id="charts"):
                 with VerticalScroll():
                     yield Grid(*self.charts, id="chart-grid")
+                    yield self.eval_view
                     yield self.other_view
             with TabPane("Timing", id="timing"):
                 yield VerticalScroll(self.timing_view)
@@ -143,6 +145,7 @@ class MonitorApp(App):
         w, row = self.watcher, self.cursor
         for chart in self.charts:
             chart.set_data(w.table, row)
+        self.eval_view.update(eval_pane.eval_sets(w.table, row))
         self.other_view.update(panes.other_metrics(w.table, row))
         width = self.timing_view.content_size.width or self.size.width - 4
         self.timing_view.update(panes.timing(w.table, row, max(width, 40)))

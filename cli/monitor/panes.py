@@ -221,11 +221,11 @@ def memory(w: RunWatcher, row: int | None) -> Table | Text:
 
 
 def other_metrics(table: MetricTable, row: int | None) -> Table | Text:
-    """Every numeric key without a chart, timing or memory view (grad norm, lr, unknown keys); not the
-    work account's counters (`work/*`: `hflow bench step` reads them)."""
+    """Every numeric key without a chart, timing, memory or held-out-set view (grad norm, lr, unknown
+    keys; eval/*: `eval_pane.py`); not the work account's counters (`work/*`: `hflow bench step` reads them)."""
     if row is None:
         return Text("")
-    keys = [k for k in table.keys() if k not in _SHOWN and not k.startswith(("timing/", "memory/", "work/"))]
+    keys = [k for k in table.keys() if k not in _SHOWN and not k.startswith(("timing/", "memory/", "work/", "eval/"))]
     if not keys and not table.text:
         return Text("")
     t = Table(title=f"other metrics (step {table.steps[row]})", title_justify="left", box=None)

@@ -27,8 +27,10 @@ def sampling_for(prompts: Batch, rollout: RolloutSpec, seed: int, rank: int,
 
     The seed depends on the run's seed, the stream (rollout or evaluation), the step, the rank
     and DAPO's sampling round, never on which worker samples."""
-    evaluation = prompts.meta.get("eval")  # {n, temperature, max_response_length}: `trainer/control/evaluate.py`
-    stream = "eval" if evaluation else "rollout"  # evaluation never draws from the rollout's stream
+    # {n, temperature, max_response_length[, stream]}: `trainer/control/evaluate.py`
+    evaluation = prompts.meta.get("eval")
+    # Evaluation never draws from the rollout's stream; each held-out set's sampling has its own.
+    stream = evaluation.get("stream", "eval") if evaluation else "rollout"
     # DAPO's extra sampling rounds of a step (`round` >= 1) each draw from their own stream.
     rounds = [prompts.meta["round"]] if prompts.meta.get("round") else []
     # A streamed step's chunks (`rollout.stream_prompts`), each its own generation call, draw from

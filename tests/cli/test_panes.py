@@ -67,3 +67,25 @@ def test_other_metrics_lists_unknown_keys(run_factory):
 def test_formatters():
     assert [panes.fmt_duration(s) for s in (5, 125, 7260, 200_000, None)] == ["5s", "2m05s", "2h01m", "2d07h", "–"]
     assert panes.fmt_bytes(3 * 2**30) == "3.0 GiB" and panes.fmt_bytes(512) == "512 B"
+
+
+def test_held_out_sets_table_first_evaluation_to_the_cursor():
+    from hflow.cli.monitor import eval_pane
+
+    t = table_of([
+        {"step": 0, "eval/accuracy": 0.25, "eval/first/accuracy": 0.5, "eval/first/pass@4": 0.75},
+        {"step": 1, "reward/mean": 0.1},
+        {"step": 2, "eval/accuracy": 0.5, "eval/first/accuracy": 0.625, "eval/first/pass@4": 0.875,
+         "eval/first/cutoff_share": 0.125},
+        {"step": 3, "reward/mean": 0.2, "my/custom": 1.0},
+    ])
+    assert eval_pane.eval_keys(t) == {"data.eval": {"accuracy": "eval/accuracy"},
+                                      "first": {"accuracy": "eval/first/accuracy", "pass@4": "eval/first/pass@4",
+                                                "cutoff_share": "eval/first/cutoff_share"}}
+    table = eval_pane.eval_sets(t, 3)  # step 3 has no evaluation: step 2's are the latest
+    assert [c.header for c in table.columns] == ["set", "accuracy", "pass@4", "cutoff share"]
+    rows = list(zip(*[list(c.cells) for c in table.columns]))
+    assert rows == [("data.eval", "0.25 -> 0.5", "", ""), ("first", "0.5 -> 0.625", "0.75 -> 0.875", "0.125 -> 0.125")]
+    assert [r[1] for r in zip(*[list(c.cells) for c in eval_pane.eval_sets(t, 1).columns])] == ["0.25 -> 0.25",
+                                                                                                 "0.5 -> 0.5"]
+    assert "eval/first/pass@4" not in list(panes.other_metrics(t, 3).columns[0].cells)  # shown in the table instead

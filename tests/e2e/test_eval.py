@@ -11,10 +11,15 @@ import pytest
 from helpers import RUN_VARYING, assert_one_line_error, crashed, read_events, run_hflow
 
 QUICK = ["--set", "trainer.total_steps=4", "--set", "trainer.save_every=2", "--set", "logging.progress=lines"]
+# A further held-out set: the letter task's rows in a template of the set's own, scored by extraction
+# (right: a response whose first character is the row's letter), greedy and 3 sampled per prompt.
+SET = {"name": "first", "data": "synthetic:letter", "size": 6, "template": "say {answer}: ", "chat": False,
+       "max_response_length": 6, "extract": r"regex:^\s*(\S)", "k": 3}
 EVAL = ["--set", "data.eval=synthetic:digits", "--set", "data.eval_size=8", "--set", "trainer.eval_every=3",
         # sampled, several per prompt: evaluation must not touch the rollout's random stream either
-        "--set", "eval.n=2", "--set", "eval.temperature=1.0"]
-EVAL_KEYS = {"eval/reward", "eval/accuracy", "eval/pass@2", "eval/response_length", "timing/eval"}
+        "--set", "eval.n=2", "--set", "eval.temperature=1.0", "--set", f"eval.sets=[{json.dumps(SET)}]"]
+EVAL_KEYS = {"eval/reward", "eval/accuracy", "eval/pass@2", "eval/response_length", "eval/cutoff_share", "timing/eval",
+             *(f"eval/first/{k}" for k in ("accuracy", "response_length", "cutoff_share", "mean@3", "pass@3"))}
 # What changes between identical runs (helpers.RUN_VARYING), and the evaluation's own keys.
 NOT_TRAINING = (*RUN_VARYING, "eval/")
 
@@ -42,6 +47,8 @@ def test_eval_at_step_0_every_k_and_last_and_training_unchanged(tmp_path, tiny_m
         if "eval/accuracy" in e:
             assert 0 <= e["eval/accuracy"] <= e["eval/pass@2"] <= 1
             assert 0 < e["eval/response_length"] <= 12
+            assert 0 <= e["eval/first/accuracy"] <= 1 and 0 <= e["eval/first/mean@3"] <= e["eval/first/pass@3"] <= 1
+            assert 0 < e["eval/first/response_length"] <= 6 and 0 <= e["eval/first/cutoff_share"] <= 1
     assert not any(k.startswith("eval/") for e in without for k in e)
     assert _training(with_eval) == _training(without)  # same seed: the same training, to the bit
 
@@ -64,8 +71,7 @@ def test_resume_with_eval_is_exact(tmp_path, tiny_model):
 @pytest.mark.slow
 def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model):
     # Sampled (temperature 1, n=2), so the scores are not all 1.0: the eval seed stream is the step's.
-    sampled = ["--set", "data.eval=synthetic:digits", "--set", "data.eval_size=8", "--set", "trainer.eval_every=2",
-               "--set", "eval.temperature=1.0", "--set", "eval.n=2"]
+    sampled = [*EVAL, "--set", "trainer.eval_every=2"]
     run = _train(tmp_path, tiny_model, "run", *sampled)
     logged = {e["step"]: e for e in read_events(run)}
     recipe = str(run / "recipe.yaml")
@@ -75,8 +81,8 @@ def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model
                             (run, 4)):
         result = run_hflow("eval", recipe, "--checkpoint", str(directory), cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
-        printed = dict(line.split() for line in result.stdout.splitlines() if line.startswith("eval/"))
-        assert set(printed) == {"eval/reward", "eval/accuracy", "eval/pass@2", "eval/response_length"}
+        printed = _printed(result.stdout)
+        assert set(printed) == EVAL_KEYS - {"timing/eval"}
         # The policy of step k scored alone gives what training logged at step k.
         for key in printed:
             assert float(printed[key]) == pytest.approx(logged[step][key], abs=1e-4), (directory, key)
@@ -86,8 +92,42 @@ def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model
     result = run_hflow("eval", recipe, "--checkpoint", str(run), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"evaluating {checkpoints / 'step_000004'}" in result.stderr
-    printed = dict(line.split() for line in result.stdout.splitlines() if line.startswith("eval/"))
-    assert float(printed["eval/reward"]) == pytest.approx(logged[4]["eval/reward"], abs=1e-4)
+    assert _printed(result.stdout)["eval/reward"] == pytest.approx(logged[4]["eval/reward"], abs=1e-4)
+    # no checkpoint: the base model, with the seeds of training's step-0 evaluation
+    result = run_hflow("eval", recipe, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for key, value in _printed(result.stdout).items():
+        assert value == pytest.approx(logged[0][key], abs=1e-4), key
+    _compare_final_with_base(tmp_path, recipe, checkpoints / "step_000004", logged)
+
+
+def _printed(stdout: str) -> dict[str, float]:
+    """`hflow eval`'s lines "KEY VALUE 95% LOW-HIGH" as {KEY: VALUE}, each interval checked to hold its value."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("eval/"):
+            key, value, *rest = line.split()
+            if rest:
+                low, high = map(float, rest[1].split("-"))
+                assert rest[0] == "95%" and low <= float(value) <= high, line
+            out[key] = float(value)
+    return out
+
+
+def _compare_final_with_base(tmp_path: Path, recipe: str, checkpoint: Path, logged: dict[int, dict]) -> None:
+    """--compare prints A (the checkpoint, its step's seeds), B (the base model, on the same seeds: for a
+    greedy set the step-0 values) and A - B inside its interval, per metric."""
+    result = run_hflow("eval", recipe, "--checkpoint", str(checkpoint), "--compare", "base", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.startswith("eval/")}
+    assert set(rows) == EVAL_KEYS - {"timing/eval"}
+    for key, (a, b, diff, low, high) in rows.items():
+        assert float(a) == pytest.approx(logged[4][key], abs=1e-4), key
+        assert float(diff) == pytest.approx(float(a) - float(b), abs=2e-4), key
+        assert float(low.strip("[,")) <= float(diff) <= float(high.strip("]")), key
+    for key in ("eval/first/accuracy", "eval/first/response_length"):  # greedy: the seeds do not matter
+        assert float(rows[key][1]) == pytest.approx(logged[0][key], abs=1e-4), key
+    assert result.stdout.strip().splitlines()[-1].startswith(f"A: {checkpoint}; B: base; the same 6, 8 prompts")
 
 
 def test_eval_bad_input_is_one_line(tmp_path, tiny_model):
@@ -98,6 +138,14 @@ def test_eval_bad_input_is_one_line(tmp_path, tiny_model):
     assert_one_line_error(result, "--checkpoint", "not a checkpoint")
     result = run_hflow("eval", "grpo/quickstart", "--checkpoint", str(bad_dir), cwd=tmp_path)
     assert_one_line_error(result, "data.eval is not set")
+    for held_out, words in (({"name": "accuracy", "data": "x.jsonl"}, ("eval.sets", "'accuracy'", "own metrics")),
+                            ({"name": "s", "data": "x.jsonl", "extract": "regex:("}, ("eval.sets", "does not compile")),
+                            ({"name": "s", "data": "missing.jsonl"}, ("eval.sets 's' data", "does not exist")),
+                            ({"name": "s", "data": "synthetic:letter", "template": "{answer.upper}"},
+                             ("eval.sets 's' template", "not a plain {column}"))):
+        result = run_hflow("validate", "grpo/quickstart", "--set", f"model.path={tiny_model}",
+                           "--set", f"eval.sets=[{json.dumps(held_out)}]", cwd=tmp_path)
+        assert_one_line_error(result, *words)
 
 
 def test_train_refuses_an_eval_file_without_the_reward_columns(tmp_path, tiny_model):

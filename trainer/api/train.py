@@ -1,4 +1,4 @@
-"""`hflow.train` and `hflow.evaluate`: the command line's `train` and `eval` as Python functions.
+"""`hflow.train`: the command line's `train` as a Python function (`hflow.evaluate`: `evaluation.py`).
 
     import hflow
 
@@ -22,7 +22,6 @@ from typing import Any, Callable, Iterable
 
 from hflow.engine.user_code import REGISTERED, REGISTERED_PREFIX
 from hflow.errors import UserError
-from hflow.trainer.api.checkpoint import checkpoint_source
 from hflow.trainer.api.run import Run
 from hflow.trainer.api.sources import dataset_file, override_pairs, recipe_from, reward_callable, reward_spec
 from hflow.trainer.config.load import read_yaml, resolve_recipe_path
@@ -89,27 +88,6 @@ def _resume(run_dir: Path, recipe, overrides, reward, reward_weights, dataset) -
     else:
         run_to_end(algorithm, loaded, run)
     return Run(run.path)
-
-
-def evaluate(recipe: str | Path | dict, checkpoint: str | Path, *,
-             overrides: dict[str, Any] | None = None) -> dict[str, float]:
-    """eval/* of `checkpoint` (a run folder, a run's checkpoint or a model directory) on the recipe's
-    `data.eval` with its `eval` sampling, reward and engine, as `hflow eval` prints them."""
-    loaded, origin = recipe_from(recipe, override_pairs(overrides))
-    return evaluate_loaded(loaded, origin, Path(checkpoint), "overrides={'data.eval': 'synthetic:TASK'}")
-
-
-def evaluate_loaded(loaded, origin: str, checkpoint: Path, how_to_set: str) -> dict[str, float]:
-    """`evaluate` of a loaded recipe (`hflow eval` loads it from the command line); `how_to_set`
-    says, in the caller's terms, how to give data.eval when it is missing."""
-    from hflow.trainer.control.evaluate import evaluate_model
-
-    if not loaded.data.eval:
-        raise UserError(f"{origin}: data.eval is not set; give the eval prompts, e.g. {how_to_set} "
-                        "or a .jsonl file")
-    check_runtime(loaded, origin, roles=["actor", "reward"])  # what evaluate_model starts
-    ckpt, step = checkpoint_source(checkpoint, loaded)
-    return evaluate_model(loaded, ckpt, step)
 
 
 def _output_dir(recipe: str | Path | dict, overrides: dict[str, Any] | None) -> str:

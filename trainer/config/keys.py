@@ -45,9 +45,10 @@ def _section_keys(prefix: str, model: type[BaseModel], read_by: str) -> list[Key
     for name, field in model.model_fields.items():
         inner = _model(field.annotation)
         if inner is not None and inner is not model:
-            keys.append(Key(f"{prefix}.{name}", f"section ({inner.__name__})", _default(field),
-                            field.description or "", read_by))
-            keys += _section_keys(f"{prefix}.{name}", inner, read_by)
+            listed = typing.get_origin(field.annotation) is list  # a list of sections: eval.sets[].name
+            keys.append(Key(f"{prefix}.{name}", f"{'list of sections' if listed else 'section'} ({inner.__name__})",
+                            _default(field), field.description or "", read_by))
+            keys += _section_keys(f"{prefix}.{name}{'[]' if listed else ''}", inner, read_by)
         else:
             keys.append(Key(f"{prefix}.{name}", _type(field.annotation), _default(field), field.description or "",
                             read_by))

@@ -157,9 +157,7 @@ def beside_recipe(recipe: Recipe, folder: Path) -> None:
     from any folder (`hflow train proj/my.yaml` reads proj/train.jsonl). What exists in the current
     folder keeps its meaning, so shipped recipes and recipes run from their own folder read the
     same files as before."""
-    for key in PATH_KEYS:
-        section, name = key.split(".")
-        part = getattr(recipe, section)
+    for key, part, name in _path_slots(recipe):
         value = getattr(part, name)
         if not value or key == "trainer.output_dir" or value.startswith("synthetic:") or Path(value).is_absolute():
             continue
@@ -173,6 +171,16 @@ PATH_KEYS = ("model.path", "reference.path", "critic.path", "reward.model", "cos
              "data.train", "data.eval", "ppo.ptx_data", "trainer.output_dir")
 
 
+def _path_slots(recipe: Recipe):
+    """(key, section object, field name) of every path a recipe may hold: PATH_KEYS, then each
+    `eval.sets` entry's `data` (its key: eval.sets.data)."""
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        yield key, getattr(recipe, section), name
+    for held_out in recipe.eval.sets:
+        yield "eval.sets.data", held_out, "data"
+
+
 def absolute_paths(recipe: Recipe, base: Path | None = None) -> Recipe:
     """A copy of `recipe` with each of PATH_KEYS that names something under `base` (default: the
     current folder) made absolute: what exists there, the output folder, and `model.path` that
@@ -180,9 +188,7 @@ def absolute_paths(recipe: Recipe, base: Path | None = None) -> Recipe:
     path stay as they are. Links are kept, not resolved (os.path.abspath)."""
     base = Path.cwd() if base is None else base
     resolved = recipe.model_copy(deep=True)
-    for key in PATH_KEYS:
-        section, name = key.split(".")
-        part = getattr(resolved, section)
+    for key, part, name in _path_slots(resolved):
         value = getattr(part, name)
         if not value or value.startswith("synthetic:") or Path(value).is_absolute():
             continue

@@ -16,9 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hflow.engine.specs import KLSettings
 from hflow.trainer.config.algorithm_sections import ALGORITHMS, SECTIONS
+from hflow.trainer.config.eval_section import EvalConfig
 from hflow.trainer.config.run_sections import (
     ClusterConfig,
-    EvalConfig,
     LoggingConfig,
     PlacementConfig,
     TrainerConfig,
@@ -98,7 +98,7 @@ class RecipeSections(BaseSettings):
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Where model-written code runs.")
     actor: ActorConfig = Field(default_factory=ActorConfig, description="Actor optimisation.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The run loop.")
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation sampling.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation: sampling and held-out sets.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="What is logged where.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="The devices to run on.")
     placement: PlacementConfig = Field(
@@ -132,9 +132,9 @@ class RecipeSections(BaseSettings):
         if "cost" in self.algorithm_spec.roles and not (self.cost.model or self.cost.function):
             raise ValueError(f"algorithm {self.algorithm} needs a cost: set cost.model (a cost model directory) "
                              "or cost.function (e.g. synthetic_cost)")
-        if self.trainer.eval_every and not self.data.eval:
+        if self.trainer.eval_every and not (self.data.eval or self.eval.sets):
             raise ValueError("trainer.eval_every > 0 needs data.eval (a .jsonl or .parquet file, or "
-                             "synthetic:TASK for a task's held-out problems)")
+                             "synthetic:TASK for a task's held-out problems) or eval.sets")
         if self.ppo.ptx_coef > 0 and not self.ppo.ptx_data:
             raise ValueError("ppo.ptx_coef > 0 needs ppo.ptx_data (a .jsonl or .parquet file with a text column)")
         return self

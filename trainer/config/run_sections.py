@@ -1,5 +1,5 @@
 """The recipe's sections that say how a run executes and reports rather than what it trains: the
-devices and their placement, the loop (`trainer`), evaluation's sampling, and logging.
+devices and their placement, the loop (`trainer`) and logging (evaluation: `eval_section.py`).
 `recipe.py` assembles them with the others into the `Recipe`."""
 
 from __future__ import annotations
@@ -95,20 +95,6 @@ class TrainerConfig(Section):
         "rank and call that stalled (exit 1, status failed, the last checkpoint intact). The local backend runs calls "
         "in the hflow process and watches the reward and cost functions (user code): one running longer stops the run "
         "the same way; null: wait forever. Raise it for very large models.",
-    )
-
-
-class EvalConfig(Section):
-    """How evaluation samples (`data.eval`, `trainer.eval_every`, `hflow eval`)."""
-
-    n: int = Field(
-        1, ge=1, description="Responses per eval prompt; above 1, eval/pass@n is logged as well."
-    )
-    temperature: float = Field(
-        0.0, ge=0, description="Sampling temperature of evaluation; 0 is greedy decoding."
-    )
-    max_response_length: Optional[int] = Field(
-        None, gt=0, description="Most new tokens per eval response; default: rollout.max_response_length."
     )
 
 

@@ -22,6 +22,7 @@ from hflow.engine.rollout.code_tool import UNSANDBOXED_WARNING, SandboxSettings,
 from hflow.engine.rollout.environment import load_env_class
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.data.eval_sets import read_set_rows
 from hflow.trainer.data.prompts import read_eval_rows, read_rows
 from hflow.trainer.data.rewards import load_reward_fn
 from hflow.trainer.reward_defaults import BUILTIN_NAMES
@@ -49,9 +50,11 @@ def check_inputs(recipe: Recipe) -> None:
         _check_code_sandbox(recipe, env_cls)
     rows = read_rows(recipe.data, recipe.seed, scoring_functions(recipe))
     _check_callable_on(recipe, rows[0])
+    reward = scoring_functions(recipe).get("reward.function")
     if recipe.data.eval:
-        reward = scoring_functions(recipe).get("reward.function")
         read_eval_rows(recipe.data, reward, recipe.seed)
+    for held_out in recipe.eval.sets:
+        read_set_rows(held_out, reward, recipe.seed)
 
 
 def _check_callable_on(recipe: Recipe, row: dict) -> None:

@@ -34,7 +34,11 @@ def read_rows(cfg: DataConfig, seed: int, functions: dict[str, str] | None = Non
     by recipe key, e.g. {"reward.function": "synthetic"})."""
     spec = cfg.train
     if spec.startswith("synthetic:"):
-        return tasks.make_rows(_synthetic_task(spec, "data.train"), cfg.synthetic_size, seed)
+        task = synthetic_task(spec, "data.train")
+        if task in tasks.EVAL_ONLY:
+            raise UserError(f"data.train {spec!r}: a held-out variant for evaluation only; train on "
+                            f"synthetic:{task.split('_')[0]} and evaluate on {spec} (eval.sets)")
+        return tasks.make_rows(task, cfg.synthetic_size, seed)
     rows = read_table(spec, "data.train", "a prompt column")
     if not rows:
         raise UserError(f"data.train '{spec}': the data set is empty")
@@ -44,7 +48,7 @@ def read_rows(cfg: DataConfig, seed: int, functions: dict[str, str] | None = Non
     return rows
 
 
-def _synthetic_task(spec: str, key: str) -> str:
+def synthetic_task(spec: str, key: str) -> str:
     """The task of `synthetic:TASK`; an unknown one is a user error naming `key`."""
     task = spec.split(":", 1)[1]
     if task not in tasks.TASKS:
@@ -61,7 +65,7 @@ def read_eval_rows(cfg: DataConfig, reward_function: str | None, seed: int) -> l
     reward function reads (so that a bad eval file stops the run before it starts, not mid-run)."""
     spec = cfg.eval
     if spec.startswith("synthetic:"):
-        task = _synthetic_task(spec, "data.eval")
+        task = synthetic_task(spec, "data.eval")
         return tasks.make_rows(task, cfg.eval_size or SYNTHETIC_EVAL_SIZE, seed, split="eval")
     rows = read_table(spec, "data.eval", "a prompt column")[:cfg.eval_size]
     if not rows:

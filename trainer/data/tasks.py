@@ -12,6 +12,9 @@ which is what the quickstart and the end-to-end tests need.
           `recipes/envs/calculator.py`)
   arithmetic  chat: "What is 12 + 7? Answer with a number." -> 1.0 when the response's last
           number is the result, else 0.0 (for a real instruct model, e.g. SmolLM2-135M-Instruct)
+  arithmetic_rephrased, arithmetic_wide  held-out variants of arithmetic, for evaluation only:
+          its held-out problems in instructions it never trains on ("Calculate 12 plus 7. Reply
+          with the result only."), and problems with operands outside its ranges (31..99; 2..9 x 13..25)
   multiply  chat: "What is 47 * 86? Answer with a number." (two-digit operands), scored as
           arithmetic: beyond a 135M model's mental arithmetic, within reach of a calculator tool
           (`recipes/envs/arithmetic_tool.py`)
@@ -122,11 +125,40 @@ def multiply_problems(split: str) -> list[tuple[int, str, int]]:
     return _split("multiply", lambda: [(a, "*", b) for a in range(11, 100) for b in range(11, 100) if b % 10], split)
 
 
+def wide_problems(split: str) -> list[tuple[int, str, int]]:
+    """`arithmetic_wide`: operands outside `arithmetic`'s ranges (+ and - on 31..99, a * b with a in
+    2..9 and b in 13..25), so never a training problem; all of them held out (train: none)."""
+    if split != "eval":
+        return []
+    wide = [(a, op, b) for a in range(31, 100) for b in range(31, 100) for op in "+-" if op == "+" or a >= b]
+    return wide + [(a, "*", b) for a in range(2, 10) for b in range(13, 26)]
+
+
 def _arithmetic_row(problem: tuple[int, str, int]) -> dict:
     a, op, b = problem
     result = {"+": a + b, "-": a - b, "*": a * b}[op]
     question = f"What is {a} {op} {b}? Answer with a number."
-    return {"prompt": [{"role": "user", "content": question}], "answer": str(result)}
+    return {"prompt": [{"role": "user", "content": question}], "answer": str(result), "question": f"{a} {op} {b}"}
+
+
+# `arithmetic_rephrased`: the held-out problems asked in words `arithmetic` never trains on, one
+# phrasing per problem (picked by a hash of the problem, so fixed).
+_OP_WORDS = {"+": ("add", "{a} and {b}", "plus", "sum"), "-": ("subtract", "{b} from {a}", "minus", "difference"),
+             "*": ("multiply", "{a} by {b}", "times", "product")}
+REPHRASED = (
+    lambda a, op, b, w: f"Calculate {a} {w[2]} {b}. Reply with the result only.",
+    lambda a, op, b, w: f"{a} {op} {b} = ?",
+    lambda a, op, b, w: f"If you {w[0]} {w[1].format(a=a, b=b)}, what number do you get?",
+    lambda a, op, b, w: f"Compute the {w[3]}: {a} {op} {b}",
+    lambda a, op, b, w: f"Solve {a} {op} {b} and give the final number.",
+)
+
+
+def _rephrased_row(problem: tuple[int, str, int]) -> dict:
+    a, op, b = problem
+    phrase = REPHRASED[hashlib.sha256(f"{a}{op}{b}".encode()).digest()[1] % len(REPHRASED)]
+    row = _arithmetic_row(problem)
+    return {**row, "prompt": [{"role": "user", "content": phrase(a, op, b, _OP_WORDS[op])}]}
 
 
 def score_arithmetic(response: str, answer: str) -> float:
@@ -140,16 +172,23 @@ TASKS: dict[str, tuple[Callable[[random.Random], dict], Callable[[str, str], flo
     "calc": (_calc, score_letter),
     "arithmetic": (lambda rng: _arithmetic_row(rng.choice(arithmetic_problems("train"))), score_arithmetic),
     "multiply": (lambda rng: _arithmetic_row(rng.choice(multiply_problems("train"))), score_arithmetic),
+    "arithmetic_rephrased": (None, score_arithmetic),  # held-out sets only (EVAL_ONLY)
+    "arithmetic_wide": (None, score_arithmetic),
 }
+EVAL_ONLY = {"arithmetic_rephrased", "arithmetic_wide"}  # variants of arithmetic's held-out set, for evaluation
 # Tasks with a held-out split: task -> (its problems of a split, a problem's row). Their prompts
 # are chat messages for a real instruct model; the other tasks are text, for the tiny models.
-SPLIT_TASKS = {"arithmetic": (arithmetic_problems, _arithmetic_row), "multiply": (multiply_problems, _arithmetic_row)}
+SPLIT_TASKS = {"arithmetic": (arithmetic_problems, _arithmetic_row), "multiply": (multiply_problems, _arithmetic_row),
+               "arithmetic_rephrased": (arithmetic_problems, _rephrased_row),
+               "arithmetic_wide": (wide_problems, _arithmetic_row)}
 
 
 def make_rows(task: str, size: int, seed: int, split: str = "train") -> list[dict]:
     """`size` seeded rows of `task`. With split `eval`, a task with a held-out split gives
     distinct held-out problems (at most all of them); the other tasks a seeded draw as for train."""
     make, _ = TASKS[task]
+    if make is None and split != "eval":
+        raise ValueError(f"task {task} has held-out rows only")
     rng = random.Random(seed)
     if split == "eval" and task in SPLIT_TASKS:
         problems, row = SPLIT_TASKS[task]

@@ -44,7 +44,8 @@ def test_arithmetic_held_out_split_is_disjoint_and_fixed():
 
 def test_arithmetic_rows_and_score():
     row = tasks._arithmetic_row((12, "+", 7))
-    assert row == {"prompt": [{"role": "user", "content": "What is 12 + 7? Answer with a number."}], "answer": "19"}
+    assert row == {"prompt": [{"role": "user", "content": "What is 12 + 7? Answer with a number."}], "answer": "19",
+                   "question": "12 + 7"}  # `question`: for an eval set's own template
     assert tasks._arithmetic_row((9, "-", 12 - 3))["answer"] == "0"
     assert tasks._arithmetic_row((4, "*", 11))["answer"] == "44"
     assert tasks.score("arithmetic", "12 + 7 = 19.", "19") == 1.0
