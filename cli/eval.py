@@ -32,13 +32,13 @@ def eval_(
     its paired-bootstrap 95% interval: a gain whose interval holds 0 is not told apart from noise."""
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
-    from hflow.trainer.api import evaluation  # torch: only once the recipe is right
+    from hflow.trainer.api.evaluation import BASE, compare_loaded  # torch: only once the recipe is right
 
     if compare is None:
-        _print_alone(evaluation, loaded, str(path), checkpoint)
+        _print_alone(loaded, str(path), checkpoint)
         return
-    rows = evaluation.compare_loaded(loaded, str(path), checkpoint, compare, HOW_TO_SET)
-    a_name, b_name = str(checkpoint or evaluation.BASE), compare
+    rows = compare_loaded(loaded, str(path), checkpoint, compare, HOW_TO_SET)
+    a_name, b_name = str(checkpoint or BASE), compare
     width = max(len(r.metric) for r in rows)
     typer.echo(f"{'metric':<{width}}  {'A':>8}  {'B':>8}  {'A - B':>8}  95% interval of A - B")
     for r in rows:
@@ -47,11 +47,12 @@ def eval_(
                "per set, paired bootstrap over prompts (2,000 resamples)")
 
 
-def _print_alone(evaluation, loaded, origin: str, checkpoint: Path | None) -> None:
+def _print_alone(loaded, origin: str, checkpoint: Path | None) -> None:
+    from hflow.trainer.api.evaluation import outcomes_of
     from hflow.trainer.control.evaluate import means
     from hflow.trainer.report.intervals import interval
 
-    outcomes, _ = evaluation.outcomes_of(loaded, origin, checkpoint, HOW_TO_SET)
+    outcomes, _ = outcomes_of(loaded, origin, checkpoint, HOW_TO_SET)
     for key, value in means(outcomes).items():
         prefix, name = key.rsplit("/", 1)
         values = outcomes[prefix + "/"][name]

@@ -40,7 +40,8 @@ class EvalSet(Section):
     data: str = Field(
         description="Its prompts: a .jsonl or .parquet file, or `synthetic:TASK` for a task's held-out problems "
         "(arithmetic: `synthetic:arithmetic`, `synthetic:arithmetic_rephrased` with instructions never trained "
-        "on, `synthetic:arithmetic_wide` with operands outside the training ranges)."
+        "on, `synthetic:arithmetic_wide` with operands outside the training ranges; multiply: "
+        "`synthetic:multiply_wide`, three-digit times two-digit)."
     )
     size: Optional[int] = Field(
         None, gt=0, description="Prompts used: a `synthetic:` set draws this many (default 128); a file keeps its "

@@ -17,7 +17,8 @@ answer a set's `extract` rule reads in the response with the row's answer column
                         episodes that called a tool
 
 Each set of `eval.sets` logs, under eval/<name>/: accuracy, response_length, cutoff_share (and
-reward when the reward scores it) of one greedy response per prompt; with k > 1 also mean@k (the
+reward when the reward scores it, tool_call_share in tool environments) of one greedy response per
+prompt; with k > 1 also mean@k (the
 mean share right of k sampled responses) and pass@k (the share of prompts with a right one among
 them; the plain empirical estimate, which with n = k samples is the unbiased one of Chen et al.
 2021).
@@ -151,7 +152,7 @@ class Evaluator:
             right = torch.tensor([float(is_right(held_out.extract, t, a)) for t, a in zip(texts, answers)])
         cut = cut_off(batch[col.RESPONSES][:keep], mask, sampling["max_response_length"], self.eos)
         values = _per_prompt(kind, right, scores, mask.sum(-1), cut, n)
-        if kind == "main" and col.EPISODE in batch:
+        if kind != "sampled" and col.EPISODE in batch:
             share = episode_metrics(batch[col.EPISODE][:keep]).get("episode/tool_call_share")
             if share is not None:
                 values["tool_call_share"] = torch.tensor([share])

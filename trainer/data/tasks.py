@@ -15,6 +15,8 @@ which is what the quickstart and the end-to-end tests need.
   arithmetic_rephrased, arithmetic_wide  held-out variants of arithmetic, for evaluation only:
           its held-out problems in instructions it never trains on ("Calculate 12 plus 7. Reply
           with the result only."), and problems with operands outside its ranges (31..99; 2..9 x 13..25)
+  multiply_wide  multiply's held-out variant for evaluation only: a three-digit times a two-digit
+          number (100..999 x 11..99), outside its training range
   multiply  chat: "What is 47 * 86? Answer with a number." (two-digit operands), scored as
           arithmetic: beyond a 135M model's mental arithmetic, within reach of a calculator tool
           (`recipes/envs/arithmetic_tool.py`)
@@ -134,6 +136,12 @@ def wide_problems(split: str) -> list[tuple[int, str, int]]:
     return wide + [(a, "*", b) for a in range(2, 10) for b in range(13, 26)]
 
 
+def multiply_wide_problems(split: str) -> list[tuple[int, str, int]]:
+    """`multiply_wide`: a * b with a in 100..999 and b in 11..99 (b not a multiple of 10), outside
+    `multiply`'s two-digit range, so never a training problem; all of them held out."""
+    return [] if split != "eval" else [(a, "*", b) for a in range(100, 1000) for b in range(11, 100) if b % 10]
+
+
 def _arithmetic_row(problem: tuple[int, str, int]) -> dict:
     a, op, b = problem
     result = {"+": a + b, "-": a - b, "*": a * b}[op]
@@ -174,13 +182,16 @@ TASKS: dict[str, tuple[Callable[[random.Random], dict], Callable[[str, str], flo
     "multiply": (lambda rng: _arithmetic_row(rng.choice(multiply_problems("train"))), score_arithmetic),
     "arithmetic_rephrased": (None, score_arithmetic),  # held-out sets only (EVAL_ONLY)
     "arithmetic_wide": (None, score_arithmetic),
+    "multiply_wide": (None, score_arithmetic),
 }
-EVAL_ONLY = {"arithmetic_rephrased", "arithmetic_wide"}  # variants of arithmetic's held-out set, for evaluation
+# Held-out variants, for evaluation only (never data.train).
+EVAL_ONLY = {"arithmetic_rephrased", "arithmetic_wide", "multiply_wide"}
 # Tasks with a held-out split: task -> (its problems of a split, a problem's row). Their prompts
 # are chat messages for a real instruct model; the other tasks are text, for the tiny models.
 SPLIT_TASKS = {"arithmetic": (arithmetic_problems, _arithmetic_row), "multiply": (multiply_problems, _arithmetic_row),
                "arithmetic_rephrased": (arithmetic_problems, _rephrased_row),
-               "arithmetic_wide": (wide_problems, _arithmetic_row)}
+               "arithmetic_wide": (wide_problems, _arithmetic_row),
+               "multiply_wide": (multiply_wide_problems, _arithmetic_row)}
 
 
 def make_rows(task: str, size: int, seed: int, split: str = "train") -> list[dict]:

@@ -46,7 +46,8 @@ def paired_difference(a: torch.Tensor, b: torch.Tensor, rounds: int = BOOTSTRAP_
 def bootstrap_mean(values: torch.Tensor, rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0) -> tuple[float, float]:
     """The 95% percentile-bootstrap interval of the mean of `values` (one per prompt)."""
     generator = torch.Generator().manual_seed(seed)
-    means = values.double()[torch.randint(len(values), (rounds, len(values)), generator=generator)].mean(-1).sort().values
+    picks = torch.randint(len(values), (rounds, len(values)), generator=generator)
+    means = values.double()[picks].mean(-1).sort().values
     return float(means[int(0.025 * (rounds - 1))]), float(means[int(0.975 * (rounds - 1))])
 
 

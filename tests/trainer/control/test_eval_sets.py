@@ -39,7 +39,8 @@ def test_extraction_rules_by_hand():
 def test_set_config_is_checked():
     assert EvalSet(name="wide", data="synthetic:arithmetic_wide").extract == "reward"
     for bad, message in (({"name": "accuracy"}, "data.eval's own metrics"), ({"name": "a/b"}, "letters, digits"),
-                         ({"extract": "regex:(unclosed"}, "does not compile"), ({"extract": "first"}, "accepted: reward")):
+                         ({"extract": "regex:(unclosed"}, "does not compile"),
+                         ({"extract": "first"}, "accepted: reward")):
         with pytest.raises(ValidationError, match=message):
             EvalSet(**{"name": "s", "data": "x.jsonl", **bad})
     with pytest.raises(ValidationError, match="'s' is used twice"):
@@ -66,6 +67,8 @@ def test_arithmetic_variants_are_held_out_from_training():
     wide = tasks.wide_problems("eval")
     assert not set(wide) & trained and tasks.wide_problems("train") == []
     assert all(min(a, b) > 30 if op in "+-" else b > 12 for a, op, b in wide)
+    products = tasks.multiply_wide_problems("eval")
+    assert all(a >= 100 for a, _, _ in products) and not set(products) & set(tasks.multiply_problems("train"))
     with pytest.raises(UserError, match="for evaluation only; train on synthetic:arithmetic"):
         read_rows(DataConfig(train="synthetic:arithmetic_wide"), seed=0)
 
