@@ -15,7 +15,8 @@ episode, not the batch. Finished episodes leave. An episode ends when its enviro
 when the next turn would have no room within `max_response_length` tokens, or past
 `rollout.episode_timeout_s` seconds, even inside a step that has not returned (the step's thread
 is abandoned: Python cannot stop it; it is a daemon, so it does not hold the process at exit). A
-turn samples at most `rollout.max_turn_tokens`.
+turn samples at most `rollout.max_turn_tokens`; one that fills its room without an end-of-sequence
+token is marked `cut` in the episode's record of its turns.
 
 `step` (and `reset`) may be coroutines (`async def`): each runs to completion on its own event
 loop in a pool thread.
@@ -160,11 +161,14 @@ class EpisodeRunner:
         lengths = out[col.RESPONSE_MASK].sum(-1).tolist()
         entropy = out.get(col.ROLLOUT_ENTROPY)  # vllm reports none: the training engine recomputes it
         self.entropy = entropy is not None
+        eos = {int(t) for t in getattr(self.generator, "eos", ())}
         for row, (e, length, own_room) in enumerate(zip(live, lengths, room)):
             length = min(length, own_room)  # every episode's turn is cut to its own room
-            e.add(out[col.RESPONSES][row, :length].tolist(), True, out[col.ROLLOUT_LOG_PROBS][row, :length].tolist(),
+            tokens = out[col.RESPONSES][row, :length].tolist()
+            e.add(tokens, True, out[col.ROLLOUT_LOG_PROBS][row, :length].tolist(),
                   [0.0] * length if entropy is None else entropy[row, :length].tolist())
-            e.turns.append({"tokens": length})
+            # cut: the turn filled its room without ending (a call or an answer stopped mid-way)
+            e.turns.append({"tokens": length, "cut": length >= own_room and (not tokens or tokens[-1] not in eos)})
         return time.monotonic() - start
 
     def _last_turn_text(self, e: Episode) -> str:

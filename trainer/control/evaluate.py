@@ -12,7 +12,9 @@ answer a set's `extract` rule reads in the response with the row's answer column
                         arithmetic: the share answered right)
   eval/pass@n           (eval.n > 1) share of prompts with at least one right response
   eval/response_length  mean response length in tokens
-  eval/cutoff_share     share of responses stopped by the length limit (no end-of-sequence token)
+  eval/cutoff_share     share of responses stopped by the length limit (no end-of-sequence token);
+                        of episodes (`rollout.env`), those with a turn stopped by
+                        rollout.max_turn_tokens or that ran out of room
   eval/tool_call_share  (`rollout.env` environments that count tool calls) share of eval
                         episodes that called a tool
 
@@ -151,6 +153,9 @@ class Evaluator:
                      for r, m in zip(batch[col.RESPONSES][:keep], mask)]
             right = torch.tensor([float(is_right(held_out.extract, t, a)) for t, a in zip(texts, answers)])
         cut = cut_off(batch[col.RESPONSES][:keep], mask, sampling["max_response_length"], self.eos)
+        if col.EPISODE in batch:  # an episode is cut off when one of its turns was, or it ran out of room
+            cut = torch.maximum(cut, torch.tensor([float(e["ended"] == "max_tokens" or any(t.get("cut") for t in e["turns"]))
+                                                   for e in batch[col.EPISODE][:keep]]))
         values = _per_prompt(kind, right, scores, mask.sum(-1), cut, n)
         if kind != "sampled" and col.EPISODE in batch:
             share = episode_metrics(batch[col.EPISODE][:keep]).get("episode/tool_call_share")

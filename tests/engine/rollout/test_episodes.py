@@ -121,6 +121,18 @@ def test_limits_end_episodes_on_turns_and_tokens():
     assert int(out[col.ATTENTION_MASK][0, -out[col.RESPONSES].shape[1]:].sum()) <= 20
 
 
+def test_a_turn_that_fills_its_room_without_ending_is_marked_cut():
+    tok = chatml_tokenizer()
+    gen = ScriptedGenerator(tok)
+    gen.eos = [tok.convert_tokens_to_ids("<|im_end|>")]
+    whole = len(gen.turn_ids(0, 0))  # "a0t0" and <|im_end|>
+    for room, cut in ((whole, False), (whole - 1, True)):  # room for the end token, or not
+        out = EpisodeRunner(gen, tok, ThreeTurnEnv, "x:E", EpisodeLimits(1, 200, 60.0, max_turn_tokens=room)).run(
+            [{"prompt": "hi"}], [[1]], 1, SamplingParams(max_new_tokens=50), None)
+        gen.calls = 0
+        assert [t["cut"] for t in out[col.EPISODE][0]["turns"]] == [cut], room
+
+
 class BrokenEnv(ThreeTurnEnv):
     def step(self, text):
         raise KeyError("oops")

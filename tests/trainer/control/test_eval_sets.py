@@ -152,6 +152,29 @@ def test_one_set_greedy_and_sampled_by_hand():
     assert [c["n"] for c in actor.calls] == [1, 2] and actor.calls[1]["stream"] == "eval/mine"
 
 
+class _ToolActor(_Actor):
+    """Episodes too: the first prompt's turn was cut by max_turn_tokens, the second ran out of room."""
+
+    def generate_sequences(self, prompts: Batch) -> Batch:
+        batch = super().generate_sequences(prompts)
+        episodes = [{"turns": [{"tokens": 2, "cut": True}], "ended": "done", "return": 0.0, "tool_calls": 1},
+                    {"turns": [{"tokens": 2, "cut": False}], "ended": "max_tokens", "return": 0.0, "tool_calls": 0},
+                    {"turns": [{"tokens": 2, "cut": False}], "ended": "done", "return": 1.0, "tool_calls": 0},
+                    {"turns": [{"tokens": 2, "cut": False}], "ended": "done", "return": 1.0, "tool_calls": 0}]
+        return batch | Batch(columns={col.EPISODE: episodes})
+
+
+def test_an_episode_is_cut_off_when_a_turn_was_or_it_ran_out_of_room():
+    evaluator = Evaluator.__new__(Evaluator)
+    evaluator.tokenizer, evaluator.eos = _Chars(), [ord("!")]
+    rows = [{"answer": "4", col.PROMPT: "a"}, {"answer": "6", col.PROMPT: "b"}, {"answer": "8", col.PROMPT: "c"}]
+    evaluator.sets = [HeldOut("eval/t/", rows, [("greedy", {"n": 1, "temperature": 0.0, "max_response_length": 9})],
+                              "last_number")]
+    values = evaluator.outcomes(_ToolActor(["4!", "6!", "8!"]), reward=None, step=0)["eval/t/"]
+    assert values["cutoff_share"].tolist() == [1.0, 1.0, 0.0] and values["accuracy"].tolist() == [1.0, 1.0, 1.0]
+    assert values["tool_call_share"].tolist() == [pytest.approx(1 / 3)]  # the padding row's episode left out
+
+
 def test_wilson_interval_by_hand():
     # 5 of 10: centre 0.5, half-width z sqrt(0.025 + z^2/400) / (1 + z^2/10)
     z = 1.959963984540054
