@@ -24,6 +24,7 @@ from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.preflight import check_runtime
 
 BASE = "base"  # names the recipe's own model.path where a checkpoint is asked for
+HOW_TO_SET_API = "overrides={'data.eval': 'synthetic:TASK'}"  # how to name eval prompts, in this API's terms
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,6 @@ def evaluate(recipe: str | Path | dict, checkpoint: str | Path | None = None, *,
     `eval.sets` with its `eval` sampling, reward and engine, as `hflow eval` prints them."""
     loaded, origin = recipe_from(recipe, override_pairs(overrides))
     return evaluate_loaded(loaded, origin, checkpoint, HOW_TO_SET_API)
-
-
-HOW_TO_SET_API = "overrides={'data.eval': 'synthetic:TASK'}"
 
 
 def evaluate_loaded(loaded: Recipe, origin: str, checkpoint: str | Path | None, how_to_set: str) -> dict[str, float]:

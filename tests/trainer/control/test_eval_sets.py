@@ -200,3 +200,20 @@ def test_paired_bootstrap_difference():
     assert interval(torch.tensor([1.0, 0.0, 1.0, 1.0])) == wilson(0.75, 4)  # shares: Wilson
     low, high = interval(torch.tensor([3.0, 5.0, 4.0, 4.0]))  # lengths: the bootstrap's
     assert 3.0 <= low <= 4.0 <= high <= 5.0
+
+
+def test_a_sets_file_beside_the_recipe_is_found_and_kept_absolute(tmp_path, monkeypatch):
+    from hflow.trainer.config.load import absolute_paths, load_recipe
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    _write(project / "mine.jsonl", [{"prompt": "2+2", "answer": "4"}])
+    (project / "my.yaml").write_text(json.dumps({
+        "model": {"path": "models/tiny", "init": "tiny"}, "data": {"train": "synthetic:digits"},
+        "eval": {"sets": [{"name": "mine", "data": "mine.jsonl"}, {"name": "s", "data": "synthetic:letter"}]}}))
+    monkeypatch.chdir(tmp_path)  # another folder: proj/mine.jsonl is found beside the recipe
+    loaded, _ = load_recipe(str(project / "my.yaml"), [])
+    assert [s.data for s in loaded.eval.sets] == [str(project / "mine.jsonl"), "synthetic:letter"]
+    (tmp_path / "here.jsonl").write_text("")
+    loaded.eval.sets[0].data = "here.jsonl"  # what exists in the current folder: absolute for the run directory
+    assert absolute_paths(loaded).eval.sets[0].data == str(tmp_path / "here.jsonl")
