@@ -28,10 +28,13 @@ from pathlib import Path
 import pytest
 from helpers import RUN_VARYING, finished_run, read_events, run_hflow, write_recipe
 
+from hflow.engine.groups.dist import free_port
+
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 HEAD, SECOND = "127.0.0.2", "127.0.0.3"
+JOB_HEAD = "127.0.0.4"  # the job-submission test's own one-node cluster
 # Ray notices a node is gone when its health checks fail: every 0.5 s here, 3 in a row.
 HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 500}
 
@@ -50,8 +53,9 @@ def two_nodes(monkeypatch, tmp_path):
     monkeypatch.setenv("REWARD_HOLD_FILE", str(tmp_path / "hold"))
 
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "node_ip_address": HEAD, "include_dashboard": False, "_system_config": HEALTH})
-    second = cluster.add_node(num_cpus=1, node_ip_address=SECOND)
+        "num_cpus": 1, "node_ip_address": HEAD, "include_dashboard": False, "_system_config": HEALTH,
+        "dashboard_agent_listen_port": free_port()})
+    second = cluster.add_node(num_cpus=1, node_ip_address=SECOND, dashboard_agent_listen_port=free_port())
     yield cluster, second
     cluster.shutdown()
 
@@ -183,8 +187,6 @@ def _alive(pid: int) -> bool:
 def test_ray_job_submit_runs_hflow_train_on_the_cluster(tmp_path, tiny_model, monkeypatch):
     import importlib.util
 
-    from hflow.engine.groups.dist import free_port
-
     if importlib.util.find_spec("aiohttp_cors") is None:  # Ray's job server: the `cluster` extra
         if os.environ.get("CI"):
             pytest.fail("CI installs hflow[cluster] (`make setup`), but Ray's job server cannot load")
@@ -195,16 +197,19 @@ def test_ray_job_submit_runs_hflow_train_on_the_cluster(tmp_path, tiny_model, mo
     from ray.cluster_utils import Cluster
 
     port = free_port()
-    # One node of two slots: what is checked here is the job server's path to hflow, not the nodes.
+    # One node of two slots: what is checked here is the job server's path to hflow, not the nodes. Its
+    # own address and agent port: every node's job agent listens on 52365 unless told otherwise, and a
+    # cluster of another test running beside this one on 127.0.0.2 took it (seen in a full suite: the
+    # agent never came up and every submission was refused with "No available agent").
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "node_ip_address": HEAD, "include_dashboard": True, "dashboard_host": HEAD,
-        "dashboard_port": port})
+        "num_cpus": 2, "node_ip_address": JOB_HEAD, "include_dashboard": True, "dashboard_host": JOB_HEAD,
+        "dashboard_port": port, "dashboard_agent_listen_port": free_port()})
     try:
         (tmp_path / "job").mkdir()
         recipe = _recipe(tmp_path / "job", tiny_model, "job", placement={"backend": "ray", "mode": "colocate"},
                          trainer={"total_steps": 2, "save_every": 0})
         out = tmp_path / "runs-from-the-job"
-        command = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", f"http://{HEAD}:{port}",
+        command = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", f"http://{JOB_HEAD}:{port}",
                    "--working-dir", str(tmp_path / "job"), "--", "hflow", "train", recipe.name, "--output-dir", str(out)]
         # The head's job agent starts after the cluster and registers itself when it is up; until then
         # the job server waits 10 s and refuses the job, saying to try again (seen once on a busy CI
@@ -220,4 +225,4 @@ def test_ray_job_submit_runs_hflow_train_on_the_cluster(tmp_path, tiny_model, mo
     (run,) = out.iterdir()  # the run directory where --output-dir put it, not in the job's working copy
     assert json.loads((run / "status.json").read_text())["status"] == "finished"
     assert [e["step"] for e in read_events(run)] == [1, 2]
-    assert [r["node"] for r in _ranks(run)["pool0"]] == [HEAD, HEAD]
+    assert [r["node"] for r in _ranks(run)["pool0"]] == [JOB_HEAD, JOB_HEAD]
