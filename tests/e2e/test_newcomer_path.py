@@ -63,5 +63,6 @@ def test_own_data_reward_and_recipe_from_validate_to_eval(tmp_path, tiny_model):
     assert "mine" in listed.stdout and "finished" in listed.stdout
     scored = run_hflow("eval", "proj/my.yaml", "--checkpoint", str(run), cwd=tmp_path)
     assert scored.returncode == 0, scored.stderr[-2000:]
-    printed = dict(line.split() for line in scored.stdout.splitlines() if line.startswith("eval/"))
+    # each line: KEY VALUE, then its 95% interval ("95% LOW-HIGH")
+    printed = dict(line.split()[:2] for line in scored.stdout.splitlines() if line.startswith("eval/"))
     assert float(printed["eval/reward"]) > first
