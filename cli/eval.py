@@ -49,15 +49,13 @@ def eval_(
 
 def _print_alone(loaded, origin: str, checkpoint: Path | None) -> None:
     from hflow.trainer.api.evaluation import outcomes_of
-    from hflow.trainer.control.evaluate import means
     from hflow.trainer.report.intervals import interval
 
     outcomes, _ = outcomes_of(loaded, origin, checkpoint, HOW_TO_SET)
-    for key, value in means(outcomes).items():
-        prefix, name = key.rsplit("/", 1)
-        values = outcomes[prefix + "/"][name]
-        if len(values) > 1:
-            low, high = interval(values)
-            typer.echo(f"{key} {value:.4f} 95% {low:.4f}-{high:.4f}")
-        else:
-            typer.echo(f"{key} {value:.4f}")
+    for prefix, metrics in outcomes.items():
+        for name, values in metrics.items():
+            line = f"{prefix}{name} {float(values.float().mean()):.4f}"
+            if len(values) > 1:  # per prompt; a run-level figure (tool-call share) has no interval
+                low, high = interval(values)
+                line += f" 95% {low:.4f}-{high:.4f}"
+            typer.echo(line)
