@@ -1,5 +1,6 @@
 """The hf engine against plain transformers: greedy tokens and per-token log-probs."""
 
+import pytest
 import torch
 
 from hflow.engine.rollout.generation import GumbelNoise, HFGenerator, SamplingParams, filter_logits
@@ -65,6 +66,38 @@ def test_fast_decoding_step_matches_the_transformers_forward(tiny_model):
     b = slow.generate(prompts, 4, params, torch.Generator().manual_seed(5))
     assert torch.equal(a["responses"], b["responses"])
     torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dtype):
+    """A Qwen2-shaped model (q/k/v biases, 2 key-value heads for 4 query heads, tied head) on
+    left-padded prompts: each lean step's logits are the forward's, in float32 and bfloat16."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hflow.engine.padding import positions
+    from hflow.engine.rollout.fast_decode import FastDecoder, supports
+    from hflow.engine.rollout.generation import ForwardDecoder
+
+    config = Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(dtype).eval()
+    for name, param in model.named_parameters():  # biases are zero when built: make them count
+        if name.endswith("bias"):
+            param.data.normal_(0, 0.5)
+    assert supports(model)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 8]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    decoders = []
+    with torch.no_grad():
+        for kind in (FastDecoder, ForwardDecoder):
+            cache = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True).past_key_values
+            decoders.append(FastDecoder(model, cache, mask, 4) if kind is FastDecoder else ForwardDecoder(model, cache, mask))
+        tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0.05, "atol": 0.05}
+        for tokens in ([9, 10], [11, 12], [13, 14]):
+            fast, slow = (d.step(torch.tensor(tokens)) for d in decoders)
+            assert fast.shape == slow.shape == (2, 97) and fast.is_contiguous()
+            torch.testing.assert_close(fast, slow, **tolerance)
 
 
 def test_gumbel_max_sampling_follows_the_softmax():
