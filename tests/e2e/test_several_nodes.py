@@ -12,9 +12,14 @@ it against a cluster of machines.
 - async mode's rollout pool on the second node, the weights streamed to it across nodes: at
   max_staleness 0 the same events as the synchronous run;
 - a driver killed on the head leaves no worker process behind;
+- a node that joins late: a run that needs it is refused in one line before it, laid out over it
+  after; a node joining while a run is under way is not used by it (placement is fixed at the start);
 - RAY_ADDRESS selects the cluster as `--ray-address` does, and `ray job submit` runs `hflow train`
   on a cluster (its job server sets RAY_ADDRESS for the entrypoint; a cluster of one node with the
   job server, which costs seconds per node), the run directory where the command line says.
+
+Each of these starts clusters and runs of a minute or more: all but the driver's are marked
+`multinode`, which `make test` leaves to `make test-all` (its two-minute budget for this file).
 """
 
 import json
@@ -33,7 +38,7 @@ from hflow.engine.groups.dist import free_port
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
-HEAD, SECOND = "127.0.0.2", "127.0.0.3"
+HEAD, SECOND, THIRD = "127.0.0.2", "127.0.0.3", "127.0.0.5"
 JOB_HEAD = "127.0.0.4"  # the job-submission test's own one-node cluster
 # Ray notices a node is gone when its health checks fail: every 0.5 s here, 3 in a row.
 HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 500}
@@ -47,17 +52,29 @@ def two_nodes(monkeypatch, tmp_path):
     """A Ray cluster of two nodes with one CPU slot each; yields (cluster, second node). Its workers
     (which inherit the environment of the nodes, not of `hflow train`) import the test reward
     functions from tests/, and `faulty_rewards.held_from_third_call` waits on tmp_path/hold."""
+    cluster = _head_only(monkeypatch, tmp_path)
+    second = _add_node(cluster, SECOND)
+    yield cluster, second
+    cluster.shutdown()
+
+
+def _head_only(monkeypatch, tmp_path):
+    """A Ray cluster of its head alone, one CPU slot, with the environment `two_nodes` describes."""
     from ray.cluster_utils import Cluster
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("REWARD_HOLD_FILE", str(tmp_path / "hold"))
-
-    cluster = Cluster(initialize_head=True, head_node_args={
+    return Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "node_ip_address": HEAD, "include_dashboard": False, "_system_config": HEALTH,
         "dashboard_agent_listen_port": free_port()})
-    second = cluster.add_node(num_cpus=1, node_ip_address=SECOND, dashboard_agent_listen_port=free_port())
-    yield cluster, second
-    cluster.shutdown()
+
+
+def _add_node(cluster, address: str):
+    """A node of one CPU slot at `address`, with a job-agent port of its own (every node's agent
+    also binds 127.0.0.1 at its port: the default one is shared by every cluster on the machine)."""
+    node = cluster.add_node(num_cpus=1, node_ip_address=address, dashboard_agent_listen_port=free_port())
+    cluster.wait_for_nodes()
+    return node
 
 
 def _recipe(tmp_path: Path, tiny_model: Path, name: str, trainer: dict | None = None, **sections) -> Path:
@@ -79,6 +96,7 @@ def _same_training(want: list[dict], got: list[dict]) -> None:
         assert {k: b[k] for k in compared} == {k: a[k] for k in compared}, a["step"]
 
 
+@pytest.mark.multinode
 def test_data_parallel_ranks_on_two_nodes_train_as_on_one(two_nodes, tmp_path, tiny_model):
     cluster, _ = two_nodes
     recipe = _recipe(tmp_path, tiny_model, "dp2", placement={"backend": "ray", "mode": "colocate"},
@@ -105,6 +123,7 @@ def test_data_parallel_ranks_on_two_nodes_train_as_on_one(two_nodes, tmp_path, t
     assert all(r["node_id"] == r["planned_node_id"] for ranks in _ranks(run).values() for r in ranks)
 
 
+@pytest.mark.multinode
 def test_split_pools_async_rollout_a_lost_node_and_the_resume_on_a_restarted_one(two_nodes, tmp_path, tiny_model):
     cluster, second = two_nodes
     # The reward (on the second node) holds the interrupted run in step 3 while tmp_path/hold exists:
@@ -148,7 +167,7 @@ def test_split_pools_async_rollout_a_lost_node_and_the_resume_on_a_restarted_one
     assert status["status"] == "failed" and line == f"error: {status['error']} (run directory: {run})"
 
     (tmp_path / "hold").unlink()
-    cluster.add_node(num_cpus=1, node_ip_address=SECOND)  # the machine is back (a new Ray node)
+    _add_node(cluster, SECOND)  # the machine is back (a new Ray node)
     resumed = run_hflow("train", "--resume", str(run), cwd=tmp_path, env={"RAY_ADDRESS": cluster.address})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _same_training(want, read_events(run))
@@ -176,6 +195,46 @@ def test_a_driver_killed_on_the_head_leaves_no_worker_on_the_other_node(two_node
     assert not any(_alive(pid) for pid in workers)
 
 
+@pytest.mark.multinode
+def test_a_node_that_joins_late_is_used_from_the_next_start_and_not_by_the_run_under_way(monkeypatch, tmp_path,
+                                                                                       tiny_model):
+    cluster = _head_only(monkeypatch, tmp_path)
+    try:
+        # Held in its third step by its reward function while tmp_path/hold exists (`two_nodes`).
+        recipe = _recipe(tmp_path, tiny_model, "late", placement={"backend": "ray", "mode": "colocate"},
+                         reward={"function": "faulty_rewards:held_from_third_call"},
+                         trainer={"total_steps": 3, "save_every": 0})
+        short = run_hflow("train", str(recipe), "--ray-address", cluster.address, cwd=tmp_path)
+        assert short.returncode == 2 and "Traceback" not in short.stderr
+        assert short.stderr.strip().splitlines()[-1] == (
+            f"error: the run's pools need 2 CPU slots (pool0 2) and the Ray cluster's alive nodes have 1 ({HEAD} 1): "
+            "add nodes, or lower cluster.gpus / cluster.cpu_slots")
+
+        _add_node(cluster, SECOND)  # the second machine joins: the same command now runs over both
+        (tmp_path / "hold").touch()
+        proc = subprocess.Popen([sys.executable, "-m", "hflow", "train", str(recipe), "--ray-address", cluster.address],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        run = Path(proc.stderr.readline().split("run directory: ", 1)[1].strip())
+        while _lines(run / "events.jsonl") < 2:  # steps 1 and 2 done: the run is under way, held in step 3
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        _add_node(cluster, THIRD)  # a third joins while it runs
+        (tmp_path / "hold").unlink()
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        cluster.shutdown()
+    assert [e["step"] for e in read_events(run)] == [1, 2, 3]
+    ranks = _ranks(run)["pool0"]
+    assert [r["node"] for r in ranks] == [HEAD, SECOND]  # as laid out at the start: the third is not used
+    assert all(r["node_id"] == r["planned_node_id"] for r in ranks)
+
+
+def _lines(path: Path) -> int:
+    """Complete lines written to `path` so far (0 before it exists)."""
+    return path.read_text().count("\n") if path.exists() else 0
+
+
 def _alive(pid: int) -> bool:
     """Whether process `pid` still runs (a zombie waiting for its parent does not)."""
     try:
@@ -184,6 +243,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.multinode
 def test_ray_job_submit_runs_hflow_train_on_the_cluster(tmp_path, tiny_model, monkeypatch):
     import importlib.util
 
