@@ -65,7 +65,9 @@ ARG PIP_CERT=
 # Keep it equal to the torch vLLM pins (see docker/constraints.txt's header).
 ARG TORCH_SPEC=torch==2.13.0
 # Extras of hflow to install, comma-separated; empty for none (the CPU smoke build).
-ARG HFLOW_EXTRAS=vllm
+# cluster: Ray's `default` extra, for Ray's job server and dashboard on a cluster's head
+# (`ray job submit`, KubeRay's RayJob). Keep docker/lock.sh's EXTRAS equal to it.
+ARG HFLOW_EXTRAS=vllm,cluster
 COPY docker/constraints.txt docker/
 RUN --mount=type=bind,source=docker/certs,target=/opt/hflow-build/docker/certs \
     --mount=type=bind,source=docker/wheels,target=/opt/hflow-build/docker/wheels \

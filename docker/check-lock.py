@@ -2,11 +2,16 @@
 
     python docker/check-lock.py docker/constraints.txt              # the running venv
     python docker/check-lock.py docker/constraints.txt REPORT.json  # a `pip install --report`
+    python docker/check-lock.py --unpinned docker/constraints.txt REPORT.json
 
 Every distribution installed in the virtual environment (not the base image's), or
 every one a pip report would install, must be pinned in the constraints file at that
 version; torch (TORCH_SPEC) and hflow itself are exempt. A miss means pyproject.toml
 or the Python version changed since docker/lock.sh last ran: run it again.
+
+--unpinned prints, as `name==version` lines (a freeze for docker/merge-freeze.py), the
+distributions of the report that have no pin for the running Python; it checks nothing.
+docker/lock.sh's incremental mode (INCREMENTAL=1) adds them to the constraints.
 """
 
 import importlib.metadata as metadata
@@ -38,13 +43,26 @@ def reported(report: str) -> list[tuple[str, str]]:
     return [(e["metadata"]["name"], e["metadata"]["version"]) for e in entries]
 
 
-def main(path: str, report: str | None = None) -> None:
-    pins = {}  # the pins that apply to this Python (lines may carry python_version markers)
+def read_pins(path: str) -> dict[str, str]:
+    """The pins that apply to this Python (lines may carry python_version markers)."""
+    pins = {}
     for line in Path(path).read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             req = Requirement(line)
             if req.marker is None or req.marker.evaluate():
                 pins[canonical(req.name)] = str(req.specifier).removeprefix("==")
+    return pins
+
+
+def unpinned(path: str, report: str) -> None:
+    pins = read_pins(path)
+    for name, version in sorted(reported(report), key=lambda entry: canonical(entry[0])):
+        if canonical(name) not in EXEMPT and canonical(name) not in pins:
+            print(f"{name}=={version}")
+
+
+def main(path: str, report: str | None = None) -> None:
+    pins = read_pins(path)
     problems = []
     for raw_name, version in reported(report) if report else installed():
         name = canonical(raw_name)
@@ -62,4 +80,7 @@ def main(path: str, report: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1:2] == ["--unpinned"]:
+        unpinned(*sys.argv[2:4])
+    else:
+        main(*sys.argv[1:3])

@@ -1,11 +1,16 @@
 """Merge `pip freeze` outputs made under different Pythons into one constraints list.
 
     python docker/merge-freeze.py 3.11=freeze-311.txt 3.12=freeze-312.txt
+    python docker/merge-freeze.py --keep docker/constraints.txt 3.11=new-311.txt 3.12=new-312.txt
 
 A pin shared by every Python is written plain; one that differs (or that only some
 Pythons install) gets a `python_version` marker for the range of Pythons it was
 resolved under: the oldest Python's pins also cover older ones, the newest's newer
 ones (e.g. vLLM 0.32 needs setuptools < 81 on 3.12 only). Used by docker/lock.sh.
+
+--keep FILE also prints every pin line of FILE unchanged (its comments are left out),
+sorted in among the merged ones: docker/lock.sh's incremental mode adds the pins that
+a dry run with FILE as constraints found missing (the freezes then hold only those).
 """
 
 import re
@@ -35,19 +40,34 @@ def marker(versions: list[str], i: int) -> str:
     return " and ".join(bounds)
 
 
-def main(args: list[str]) -> None:
-    freezes = dict(arg.split("=", 1) for arg in args)
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def merged(freezes: dict[str, str]) -> list[str]:
     versions = sorted(freezes, key=version_key)
     pins = {v: read_freeze(freezes[v]) for v in versions}
-    names = sorted({n for p in pins.values() for n in p}, key=lambda n: re.sub(r"[-_.]+", "-", n).lower())
-    for name in names:
+    lines = []
+    for name in sorted({n for p in pins.values() for n in p}, key=canonical):
         found = [pins[v].get(name) for v in versions]
         if len(set(found)) == 1:
-            print(f"{name}=={found[0]}")
+            lines.append(f"{name}=={found[0]}")
             continue
         for i, version in enumerate(found):
             if version is not None:
-                print(f"{name}=={version} ; {marker(versions, i)}")
+                lines.append(f"{name}=={version} ; {marker(versions, i)}")
+    return lines
+
+
+def main(args: list[str]) -> None:
+    kept = []
+    if args[:1] == ["--keep"]:
+        kept = [line for line in Path(args[1]).read_text().splitlines() if line.strip() and not line.startswith("#")]
+        args = args[2:]
+    lines = merged(dict(arg.split("=", 1) for arg in args))
+    # A stable sort by name: the kept lines come first among lines of one name, in their order.
+    for line in sorted(kept + lines, key=lambda line: canonical(re.split(r"[\s=<>!~;]", line, maxsplit=1)[0])):
+        print(line)
 
 
 if __name__ == "__main__":
