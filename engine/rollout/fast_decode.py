@@ -21,6 +21,11 @@ import torch.nn.functional as F
 from hflow.engine import work_meter
 
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
+# From this many rows up, a CPU's (MKL's) float32 product runs faster as `weight @ x` than as
+# `F.linear(x, weight)` (1.3-2.8x at 16-32 rows); below, `F.linear` on rows made contiguous is 2-3x
+# faster (2-8 rows; equal at 12). Measured at SmolLM2's and the 27M model's shapes, 2 threads
+# (docs/benchmarks.md). A GPU always takes `weight @ x`: one product, no copy.
+WEIGHT_LEFT_FROM_ROWS = 12
 
 
 def supports(model) -> bool:
@@ -66,6 +71,7 @@ class FastDecoder:
         # Columns past the prompt are always real tokens (finished rows are fed padding
         # tokens that nobody reads), so only the prompt's padding is ever masked.
         self.manual = device.type == "cpu" and dtype == torch.float32
+        self.weight_left = device.type != "cpu"  # else by the batch's rows (`_linear`)
         pad = torch.zeros(mask.shape[0], capacity, dtype=torch.bool, device=device)
         pad[:, :self.length] = mask == 0
         if self.manual:
@@ -103,11 +109,13 @@ class FastDecoder:
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(0, keepdim=True).add_(eps))
         return x32.to(x.dtype).mul_(weight[:, None])
 
-    @staticmethod
-    def _linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """weight @ x for x (in, B): the weights as the product's tall operand."""
-        out = torch.mm(weight, x)
-        return out if bias is None else out.add_(bias[:, None])
+    def _linear(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The projection of x (in, B) as (out, B): `weight @ x`, the weight as the product's tall
+        operand; on a CPU below `WEIGHT_LEFT_FROM_ROWS` rows, `F.linear` on the rows instead."""
+        if self.weight_left or x.shape[1] >= WEIGHT_LEFT_FROM_ROWS:
+            out = torch.mm(weight, x)
+            return out if bias is None else out.add_(bias[:, None])
+        return F.linear(x.t().contiguous(), weight, bias).t()
 
     def _attention(self, q: torch.Tensor, i: int, end: int, scale: float) -> torch.Tensor:
         """q (B, kv_heads, group, head_dim) against the cache's first `end` columns."""
@@ -122,10 +130,10 @@ class FastDecoder:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (B, vocab) after appending `tokens` (B,) to every row.
 
-        The hidden state is carried as (hidden, B), so that every projection is `weight @ x`:
+        The hidden state is carried as (hidden, B), so that every projection can be `weight @ x`:
         with a decoding batch of tens of rows, a CPU's matrix product runs 1.3-2.8x faster with
         the weight matrix as its tall left operand than as `F.linear`'s transposed right one
-        (SmolLM2's shapes, 32 rows; the LM head 2x: docs/benchmarks.md)."""
+        (SmolLM2's shapes, 32 rows; the LM head 2x); with a few rows, slower (`_linear`)."""
         batch = tokens.shape[0]
         slot = self.length
         if self.meter is not None:
@@ -147,7 +155,7 @@ class FastDecoder:
             out = self._attention(qk[:, :, :group], i, slot + 1, w.scale)
             h = h + linear(w.o, out.reshape(batch, -1).t(), w.o_bias)
             x = self._norm(h, w.post_norm, w.eps)
-            h = h + torch.mm(w.down, F.silu(torch.mm(w.gate, x)).mul_(torch.mm(w.up, x)))
+            h = h + linear(w.down, F.silu(linear(w.gate, x, None)).mul_(linear(w.up, x, None)), None)
         self.length = slot + 1
         self.next_position = self.next_position + 1
         h = self._norm(h, *self.final_norm)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from hflow.engine.rollout.fast_decode import WEIGHT_LEFT_FROM_ROWS
 from hflow.engine.rollout.generation import GumbelNoise, HFGenerator, SamplingParams, filter_logits
 from hflow.engine.models.loading import load_causal_lm, load_tokenizer
 
@@ -68,10 +69,12 @@ def test_fast_decoding_step_matches_the_transformers_forward(tiny_model):
     torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [2, WEIGHT_LEFT_FROM_ROWS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dtype):
+def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dtype, rows):
     """A Qwen2-shaped model (q/k/v biases, 2 key-value heads for 4 query heads, tied head) on
-    left-padded prompts: each lean step's logits are the forward's, in float32 and bfloat16."""
+    left-padded prompts: each lean step's logits are the forward's, in float32 and bfloat16, with
+    the products as `F.linear` (few rows) and as `weight @ x` (many)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from hflow.engine.padding import positions
@@ -86,8 +89,8 @@ def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dty
         if name.endswith("bias"):
             param.data.normal_(0, 0.5)
     assert supports(model)
-    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 8]])
-    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 8]]).repeat(rows // 2, 1)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]).repeat(rows // 2, 1)
     decoders = []
     with torch.no_grad():
         for kind in (FastDecoder, ForwardDecoder):
@@ -95,8 +98,8 @@ def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dty
             decoders.append(FastDecoder(model, cache, mask, 4) if kind is FastDecoder else ForwardDecoder(model, cache, mask))
         tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0.05, "atol": 0.05}
         for tokens in ([9, 10], [11, 12], [13, 14]):
-            fast, slow = (d.step(torch.tensor(tokens)) for d in decoders)
-            assert fast.shape == slow.shape == (2, 97) and fast.is_contiguous()
+            fast, slow = (d.step(torch.tensor(tokens * (rows // 2))) for d in decoders)
+            assert fast.shape == slow.shape == (rows, 97) and fast.is_contiguous()
             torch.testing.assert_close(fast, slow, **tolerance)
 
 
