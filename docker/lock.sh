@@ -77,6 +77,13 @@ check_all() {
   done
 }
 
+# Python $1: its short version in $v, its full one appended to `resolved`, a fresh venv for it.
+fresh_venv() {
+  v=$(short "$1")
+  resolved+=("$(py_version "$1")")
+  "$1" -m venv "$work/venv-$v"
+}
+
 resolved=()
 if [ "$INCREMENTAL" != 0 ]; then
   [ -f "$OUT" ] || { echo "lock.sh: INCREMENTAL=1 adds to $OUT, which does not exist: run the full mode" >&2; exit 2; }
@@ -85,10 +92,8 @@ if [ "$INCREMENTAL" != 0 ]; then
   dry_args=(--use-feature=fast-deps)
   missing=()
   for python in $PYTHONS; do
-    v=$(short "$python")
-    resolved+=("$(py_version "$python")")
+    fresh_venv "$python"
     echo "lock.sh: Python ${resolved[-1]}: $TORCH_SPEC and .[${EXTRAS}] with the pins of $OUT (dry run)"
-    "$python" -m venv "$work/venv-$v"
     # The pinned pip, the one the image resolves with; the dry run installs nothing.
     "$work/venv-$v/bin/python" -m pip install -q "${pip_args[@]}" -c "$OUT" pip
     if ! dry_run "$v" "$work/before-$v.json" "$OUT"; then
@@ -122,10 +127,8 @@ if [ "$INCREMENTAL" != 0 ]; then
 else
   freezes=()
   for python in $PYTHONS; do
-    v=$(short "$python")
-    resolved+=("$(py_version "$python")")
+    fresh_venv "$python"
     echo "lock.sh: Python ${resolved[-1]}: $TORCH_SPEC, then .[${EXTRAS}]"
-    "$python" -m venv "$work/venv-$v"
     pip=("$work/venv-$v/bin/python" -m pip)
     "${pip[@]}" install -q "${pip_args[@]}" --upgrade pip setuptools
     "${pip[@]}" install -q "${pip_args[@]}" "$TORCH_SPEC"
