@@ -48,25 +48,25 @@ TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def two_nodes(monkeypatch, tmp_path):
-    """A Ray cluster of two nodes with one CPU slot each; yields (cluster, second node). Its workers
-    (which inherit the environment of the nodes, not of `hflow train`) import the test reward
-    functions from tests/, and `faulty_rewards.held_from_third_call` waits on tmp_path/hold."""
-    cluster = _head_only(monkeypatch, tmp_path)
-    second = _add_node(cluster, SECOND)
-    yield cluster, second
-    cluster.shutdown()
-
-
-def _head_only(monkeypatch, tmp_path):
-    """A Ray cluster of its head alone, one CPU slot, with the environment `two_nodes` describes."""
+def head_node(monkeypatch, tmp_path):
+    """A Ray cluster of its head alone, one CPU slot. Its workers (which inherit the environment of
+    the nodes, not of `hflow train`) import the test reward functions from tests/, and
+    `faulty_rewards.held_from_third_call` waits on tmp_path/hold."""
     from ray.cluster_utils import Cluster
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("REWARD_HOLD_FILE", str(tmp_path / "hold"))
-    return Cluster(initialize_head=True, head_node_args={
+    cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "node_ip_address": HEAD, "include_dashboard": False, "_system_config": HEALTH,
         "dashboard_agent_listen_port": free_port()})
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture
+def two_nodes(head_node):
+    """`head_node` and a second node of one CPU slot; yields (cluster, second node)."""
+    return head_node, _add_node(head_node, SECOND)
 
 
 def _add_node(cluster, address: str):
@@ -196,34 +196,31 @@ def test_a_driver_killed_on_the_head_leaves_no_worker_on_the_other_node(two_node
 
 
 @pytest.mark.multinode
-def test_a_node_that_joins_late_is_used_from_the_next_start_and_not_by_the_run_under_way(monkeypatch, tmp_path,
+def test_a_node_that_joins_late_is_used_from_the_next_start_and_not_by_the_run_under_way(head_node, tmp_path,
                                                                                        tiny_model):
-    cluster = _head_only(monkeypatch, tmp_path)
-    try:
-        # Held in its third step by its reward function while tmp_path/hold exists (`two_nodes`).
-        recipe = _recipe(tmp_path, tiny_model, "late", placement={"backend": "ray", "mode": "colocate"},
-                         reward={"function": "faulty_rewards:held_from_third_call"},
-                         trainer={"total_steps": 3, "save_every": 0})
-        short = run_hflow("train", str(recipe), "--ray-address", cluster.address, cwd=tmp_path)
-        assert short.returncode == 2 and "Traceback" not in short.stderr
-        assert short.stderr.strip().splitlines()[-1] == (
-            f"error: the run's pools need 2 CPU slots (pool0 2) and the Ray cluster's alive nodes have 1 ({HEAD} 1): "
-            "add nodes, or lower cluster.gpus / cluster.cpu_slots")
+    cluster = head_node
+    # Held in its third step by its reward function while tmp_path/hold exists (`head_node`).
+    recipe = _recipe(tmp_path, tiny_model, "late", placement={"backend": "ray", "mode": "colocate"},
+                     reward={"function": "faulty_rewards:held_from_third_call"},
+                     trainer={"total_steps": 3, "save_every": 0})
+    short = run_hflow("train", str(recipe), "--ray-address", cluster.address, cwd=tmp_path)
+    assert short.returncode == 2 and "Traceback" not in short.stderr
+    assert short.stderr.strip().splitlines()[-1] == (
+        f"error: the run's pools need 2 CPU slots (pool0 2) and the Ray cluster's alive nodes have 1 ({HEAD} 1): "
+        "add nodes, or lower cluster.gpus / cluster.cpu_slots")
 
-        _add_node(cluster, SECOND)  # the second machine joins: the same command now runs over both
-        (tmp_path / "hold").touch()
-        proc = subprocess.Popen([sys.executable, "-m", "hflow", "train", str(recipe), "--ray-address", cluster.address],
-                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        run = Path(proc.stderr.readline().split("run directory: ", 1)[1].strip())
-        while _lines(run / "events.jsonl") < 2:  # steps 1 and 2 done: the run is under way, held in step 3
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.1)
-        _add_node(cluster, THIRD)  # a third joins while it runs
-        (tmp_path / "hold").unlink()
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-    finally:
-        cluster.shutdown()
+    _add_node(cluster, SECOND)  # the second machine joins: the same command now runs over both
+    (tmp_path / "hold").touch()
+    proc = subprocess.Popen([sys.executable, "-m", "hflow", "train", str(recipe), "--ray-address", cluster.address],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = Path(proc.stderr.readline().split("run directory: ", 1)[1].strip())
+    while _lines(run / "events.jsonl") < 2:  # steps 1 and 2 done: the run is under way, held in step 3
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    _add_node(cluster, THIRD)  # a third joins while it runs
+    (tmp_path / "hold").unlink()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
     assert [e["step"] for e in read_events(run)] == [1, 2, 3]
     ranks = _ranks(run)["pool0"]
     assert [r["node"] for r in ranks] == [HEAD, SECOND]  # as laid out at the start: the third is not used
