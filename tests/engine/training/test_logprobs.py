@@ -137,7 +137,10 @@ def test_response_log_probs_equal_the_reference_values_and_gradients(tiny_model,
     for a, b in zip(got, want):
         torch.testing.assert_close(a * mask, b, rtol=1e-5, atol=1e-5)
     for a, b in zip(loss_and_grads(*got), loss_and_grads(*want)):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        # float32 sums round relative to their terms, not their result: a near-zero element of the
+        # embedding's gradient (largest elements about 14) differs by up to 4e-6 between any two
+        # summation orders (one LM head run or one per forward, against each row alone).
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
     without, none = logprobs.response_log_probs(model, batch, temperature)
     assert none is None
     torch.testing.assert_close(without, got[0].detach())
