@@ -75,32 +75,3 @@ def head_at(forward: Callable, rows: torch.Tensor, columns: torch.Tensor):
         yield
     finally:
         handle.remove()
-
-
-class _HiddenAt(torch.nn.Module):
-    """Stands in for a model's LM head within `hidden_at`: the hidden states at (rows, columns)."""
-
-    def __init__(self, rows: torch.Tensor, columns: torch.Tensor):
-        super().__init__()
-        self.rows, self.columns = rows, columns
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden[self.rows, self.columns]
-
-
-@contextlib.contextmanager
-def hidden_at(forward: Callable, rows: torch.Tensor, columns: torch.Tensor):
-    """Within the block, a forward's `logits` are the hidden states (K, H) that would enter the LM
-    head at (rows[i], columns[i]): the head does not run. Yields the head, for the caller to run
-    once over the hidden states of several forwards (a forward per length bucket would otherwise
-    run it once each, and on a CPU each run's weight gradient writes a whole vocabulary x hidden
-    tensor, then added to the others'). The head's own hooks (the work meter's) see only that one
-    run. Only for `can_head_at` models, outside ZeRO-3 (whose hooks trace the module order)."""
-    model = model_behind(forward)
-    head = model.get_output_embeddings()
-    name = next(name for name, child in model.named_children() if child is head)
-    setattr(model, name, _HiddenAt(rows, columns))
-    try:
-        yield head
-    finally:
-        setattr(model, name, head)

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
-from hflow.engine.lm_head import can_head_at, head_at, hidden_at, logits_kwargs, model_behind
+from hflow.engine.lm_head import can_head_at, head_at, logits_kwargs, model_behind
 from hflow.engine.padding import positions
 from hflow.engine.training.lockstep import agreed, several_ranks
 from hflow.engine.training.token_logprobs import token_log_probs
@@ -88,27 +88,23 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
     back into the prompt pass), and the responses run on top of it. The last prompt position's
     logits predict every row's first response token; response position t's, token t + 1.
     The responses run in buckets of rows of similar length (`length_buckets`), each only as wide
-    as its longest row needs, and the LM head only where a token is scored: once over all the
-    forwards' scored hidden states (`lm_head.hidden_at`), or per forward (`lm_head.head_at`) under
-    ZeRO-3, and on whole columns for a model without either.
+    as its longest row needs, and the LM head only where a token is scored (`lm_head.head_at`).
     """
-    mask, responses, lockstep = batch[col.ATTENTION_MASK], batch[col.RESPONSES], bool(batch.meta.get("lockstep"))
-    (rows, width_r), once = responses.shape, can_head_at(forward) and not lockstep  # once: one LM head run
+    mask, responses = batch[col.ATTENTION_MASK], batch[col.RESPONSES]
+    rows, width_r = responses.shape
     width_p = mask.shape[1] - width_r
     first_rows = torch.cat([groups.new_zeros(1), (groups[1:] != groups[:-1]).nonzero().squeeze(-1) + 1])
     prompt_ids, prompt_mask = batch[col.INPUT_IDS][first_rows, :width_p], mask[first_rows, :width_p]
-    groups = groups.to(prompt_ids.device)
-    inputs = dict(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True)
-    if once:
-        last = (torch.arange(len(first_rows), device=prompt_ids.device), torch.full_like(first_rows, width_p - 1))
-        with hidden_at(forward, *last) as head:
-            prefix = forward(**inputs)
-        hidden = [prefix.logits]  # the prompts' last hidden states score column 0
-    else:
-        prefix = forward(**inputs, **logits_kwargs(forward, 1, width_p, prompt_ids.device))
-        first = token_log_probs(prefix.logits, (groups, torch.full_like(groups, prefix.logits.shape[1] - 1)),
-                                responses[:, 0], temperature, with_entropy)
+    prefix = forward(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+                     use_cache=True, **logits_kwargs(forward, 1, width_p, prompt_ids.device))
     cache = prefix.past_key_values
+    groups = groups.to(prompt_ids.device)
+    last = prefix.logits.shape[1] - 1
+    first = token_log_probs(prefix.logits, (groups, torch.full_like(groups, last)), responses[:, 0],
+                            temperature, with_entropy)
+    lockstep = bool(batch.meta.get("lockstep"))
+    if width_r == 1 and not lockstep:
+        return tuple(a[:, None] if a is not None else None for a in first)
     # Response column t's output scores token t + 1: a row needs its columns up to its last scored one.
     scored = batch[col.RESPONSE_MASK][:, 1:].bool()
     if lockstep:
@@ -120,40 +116,18 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
     start = mask[:, :width_p].sum(-1, keepdim=True)
     at_rows, at_columns, parts = [], [], []
     for index, width in buckets:
+        ids = responses[index, :width]
         local_row, column = scored[index, :width].nonzero(as_tuple=True)
-        inputs = dict(input_ids=responses[index, :width], attention_mask=mask[index, :width_p + width],
-                      position_ids=start[index] + torch.arange(width, device=mask.device)[None],
-                      past_key_values=_repeated_cache(cache, groups[index]), use_cache=True)
-        at_rows.append(index[local_row])
-        at_columns.append(column + 1)
-        if once:
-            with hidden_at(forward, local_row, column):
-                hidden.append(forward(**inputs).logits)
-            continue
-        out = _scored_forward(forward, (local_row, column), **inputs)
+        out = _scored_forward(forward, (local_row, column), input_ids=ids,
+                              attention_mask=mask[index, :width_p + width],
+                              position_ids=start[index] + torch.arange(width, device=mask.device)[None],
+                              past_key_values=_repeated_cache(cache, groups[index]), use_cache=True)
         where = () if out.logits.dim() == 2 else (local_row, column)
         parts.append(token_log_probs(out.logits, where, responses[index[local_row], column + 1], temperature,
                                      with_entropy))
-    if once:
-        return _one_head_scores(head, hidden, groups, responses, at_rows, at_columns, temperature, with_entropy)
+        at_rows.append(index[local_row])
+        at_columns.append(column + 1)
     return _placed(parts, at_rows, at_columns, (rows, width_r), mask.device, with_entropy, first)
-
-
-def _one_head_scores(head, hidden: list[torch.Tensor], groups: torch.Tensor, responses: torch.Tensor,
-                     at_rows: list, at_columns: list, temperature: float,
-                     with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`_shared_prompt_scores`' log-probs from one LM head run over `hidden`: the prompts' last
-    hidden states (prompt p's is row p; each response row's first token reads its group's), then
-    each bucket's scored ones, for the tokens at (`at_rows`, `at_columns`) in the same order."""
-    prompts, rows = len(hidden[0]), len(groups)
-    scored = sum(len(r) for r in at_rows)
-    at = (torch.cat([groups, prompts + torch.arange(scored, device=groups.device)]),)
-    tokens = torch.cat([responses[:, 0], *(responses[r, c] for r, c in zip(at_rows, at_columns))])
-    scores = token_log_probs(head(torch.cat(hidden)), at, tokens, temperature, with_entropy)
-    first = tuple(s[:rows] if s is not None else None for s in scores)
-    parts = [tuple(s[rows:] if s is not None else None for s in scores)]
-    at_rows, at_columns = [torch.cat([groups.new_empty(0), *at_rows])], [torch.cat([groups.new_empty(0), *at_columns])]
-    return _placed(parts, at_rows, at_columns, tuple(responses.shape), responses.device, with_entropy, first)
 
 
 def last_scored(scored: torch.Tensor) -> torch.Tensor:
