@@ -29,7 +29,7 @@ WEIGHT_LEFT_FROM_ROWS = 12
 # On a CPU the LM head's `weight @ x` runs in slices of this many vocabulary rows, each turned to
 # (rows, slice) while it is still in cache: 25-30 ms a step at SmolLM2's 49,152 x 576 head and
 # 32 rows, against 34-38 ms for one product and a transposing copy of its (vocabulary, rows)
-# result (measured with the cache cold, as in a decoding step; slices of 1,024-4,096 alike).
+# result (cache cold, as in a decoding step; slices of 1,024-4,096 alike: benchmarks/decode_head.py).
 HEAD_SLICE_ROWS = 2048
 
 
