@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hflow.engine.rollout.fast_decode import WEIGHT_LEFT_FROM_ROWS
-from hflow.engine.rollout.generation import GumbelNoise, HFGenerator, SamplingParams, filter_logits
+from hflow.engine.rollout.generation import HFGenerator, SamplingParams, UniformDraws, filter_logits
 from hflow.engine.models.loading import load_causal_lm, load_tokenizer
 
 
@@ -107,24 +107,29 @@ def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dty
             torch.testing.assert_close(fast, slow, **tolerance)
 
 
-def test_gumbel_max_sampling_follows_the_softmax():
+def test_inverse_cdf_sampling_follows_the_distribution():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
-    logits = torch.log(probs).expand(20000, 5)  # the last token is masked (-inf)
-    # Blocks of 3 steps: drawing at step 0 and step 4 crosses a block boundary.
-    noise = GumbelNoise(20000, 5, steps=6, generator=torch.Generator().manual_seed(0),
-                        device=torch.device("cpu"), block_values=3 * 20000 * 5)
-    for step in (0, 4):
-        drawn = (logits + noise.at(step, None)).argmax(-1)
+    draws = UniformDraws(20000, steps=6, generator=torch.Generator().manual_seed(0), device=torch.device("cpu"))
+    for step, scale in ((0, 1.0), (4, 3.0)):  # rows need not sum to one
+        drawn = draws.sample((probs * scale).expand(20000, 5), step, None)
         freq = torch.bincount(drawn, minlength=5).double() / len(drawn)
         # 20,000 draws: the standard error of a frequency is at most 0.0036; allow 4 of them.
         torch.testing.assert_close(freq, probs.double(), atol=0.015, rtol=0)
         assert freq[4] == 0
     rows = torch.tensor([7, 19999, 3])
-    assert torch.equal(noise.at(4, rows), noise.at(4, None)[rows])  # a row's noise is its own
-    same_seed = GumbelNoise(20000, 5, steps=6, generator=torch.Generator().manual_seed(0),
-                            device=torch.device("cpu"), block_values=3 * 20000 * 5)
-    same_seed.at(0, None)  # steps are asked for in order
-    assert torch.equal(same_seed.at(4, rows), noise.at(4, rows))
+    grid = torch.rand(20000, 5)
+    assert torch.equal(draws.sample(grid[rows], 4, rows), draws.sample(grid, 4, None)[rows])  # a row's draw is its own
+    same_seed = UniformDraws(20000, steps=6, generator=torch.Generator().manual_seed(0), device=torch.device("cpu"))
+    assert torch.equal(same_seed.sample(grid[rows], 4, rows), draws.sample(grid[rows], 4, rows))
+
+
+def test_inverse_cdf_never_draws_a_token_of_probability_zero():
+    # Draws at both ends of (0, 1): u = 0 targets the whole mass, u near 1 the smallest
+    # positive amount; masked tokens (zeros) before, between and after the allowed ones.
+    probs = torch.tensor([[0.0, 0.0, 0.25, 0.0, 0.75, 0.0]]).expand(3, 6)
+    draws = UniformDraws(3, steps=1, generator=None, device=torch.device("cpu"))
+    draws.values = torch.tensor([[0.0, 1.0 - 2.0**-24, 0.5]])
+    assert draws.sample(probs, 0, None).tolist() == [4, 2, 4]
 
 
 class _Recorded(torch.nn.Module):
