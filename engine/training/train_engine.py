@@ -51,13 +51,20 @@ def deepspeed_config(zero_stage: int, grad_clip: float, micro_batch_size: int, m
     DeepSpeed's BF16_Optimizer, ZeRO-2 its ZeRO optimizer with an fp32 accumulation buffer.
     ZeRO-0 cannot (DeepSpeed refuses bf16 weights with fp32 accumulation without ZeRO) and
     ZeRO-3 keeps DeepSpeed's default.
+
+    BF16_Optimizer moves each parameter's gradient into its fp32 buffer as soon as the backward
+    has written it (`immediate_grad_update`), not after the backward: DeepSpeed clears the bf16
+    gradients each time the backward first reaches a forward's outputs, so with several forwards
+    before one backward (a shared prompt, then its length buckets) a gradient written before an
+    earlier forward's outputs were reached (a module run once over several forwards' outputs, as
+    the LM head was in a trial) was lost (tested). It also frees each bf16 gradient as it lands.
     """
     config = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": micro_steps,
         "gradient_clipping": grad_clip,
         "zero_optimization": {"stage": zero_stage},
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": bf16, "immediate_grad_update": True} if bf16 else {"enabled": False},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

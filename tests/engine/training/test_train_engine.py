@@ -123,6 +123,28 @@ def test_bf16_gradients_accumulate_in_fp32_under_zero_1_and_2():
     assert "data_types" not in deepspeed_config(2, 1.0, 4, 2, bf16=False)
 
 
+@pytest.mark.parametrize("stage, dtype", [(0, "float32"), (0, "bfloat16"), (1, "bfloat16"), (2, "bfloat16"),
+                                          (2, "float32")])
+def test_a_gradient_written_before_an_earlier_forwards_outputs_are_reached_reaches_the_update(tiny_model, stage,
+                                                                                              dtype):
+    """Two forwards, then the LM head over both forwards' hidden states, outside either (as a trial
+    ran it once over a shared prompt and its buckets): the head's gradient is written
+    before the backward reaches the first forward's outputs, where DeepSpeed runs its backward
+    prologue again; bf16 ZeRO-1's cleared the gradients written so far, and the head's step was
+    weight decay alone."""
+    ensure_process_group(torch.device("cpu"))
+    lr = 1e-2
+    engine = _engine(tiny_model, ActorConfig(lr=lr, zero_stage=stage), dtype)
+    head = engine.module.get_output_embeddings()
+    ids = torch.randint(3, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    hidden = [engine.forward(input_ids=row[None], output_hidden_states=True).hidden_states[-1] for row in ids]
+    before = head.weight.detach().float().clone()
+    engine.backward(head(torch.cat(hidden)).float().logsumexp(-1).mean())
+    engine.step()
+    # Adam's first step moves every weight with a gradient by about the learning rate.
+    assert float((head.weight.detach().float() - before).abs().max()) > lr / 2
+
+
 def first_lr_at(cfg, step):
     return cfg.lr * lr_lambda(optim_spec(cfg), 10)(step)
 
