@@ -35,6 +35,8 @@ def test_bench_rollout_switch_and_step(tmp_path, tiny_model):
     step = _bench("step", recipe, "--repeats", "3")
     assert step["steps"] == 2 and step["tokens_per_s"] > 0
     assert 0 < step["actor_update_flops_per_s"] < 10 * step["matmul_peak_flops_per_s"]
+    # the tiny recipe's n rows share each prompt: the nominal rate counts them once per row
+    assert step["actor_update_nominal_flops_per_s"] > step["actor_update_flops_per_s"]
     assert step["matmul_peak_dtype"] == "float32"  # the recipe's dtype on its device
     assert {"generate", "update_actor"} <= set(step["stages_s"])
     _check_account(step["account"])
