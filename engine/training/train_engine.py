@@ -64,7 +64,7 @@ def deepspeed_config(zero_stage: int, grad_clip: float, micro_batch_size: int, m
         "gradient_accumulation_steps": micro_steps,
         "gradient_clipping": grad_clip,
         "zero_optimization": {"stage": zero_stage},
-        "bf16": {"enabled": bf16, "immediate_grad_update": True} if bf16 else {"enabled": False},
+        "bf16": {"enabled": bf16, "immediate_grad_update": True},  # read by BF16_Optimizer alone
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

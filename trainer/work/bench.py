@@ -113,9 +113,7 @@ def matmul_peak_flops(size: int = 1024, repeats: int = 10) -> float:
 def update_flops(events: list[dict]) -> float:
     """Achieved FLOP/s of the actor update: the FLOPs its engine's meter counted (what it computed:
     each shared prompt once, padding included) over the update's time, median over steps."""
-    rates = [e["work/update_actor/computed_flops"] / e["timing/update_actor"] for e in events
-             if e.get("timing/update_actor") and e.get("work/update_actor/computed_flops")]
-    return statistics.median(rates) if rates else float("nan")
+    return _update_rate(events, lambda e: e.get("work/update_actor/computed_flops"))
 
 
 def nominal_update_flops(events: list[dict], params: int) -> float:
@@ -123,8 +121,12 @@ def nominal_update_flops(events: list[dict], params: int) -> float:
     al. 2020) over its time, as if every row ran its own prompt. With prompts shared it exceeds the
     achieved rate, and can exceed the machine's peak: a rate for comparing with tools that count
     this way, not a share of the machine."""
-    rates = [6 * params * e["tokens/trained"] / e["timing/update_actor"] for e in events
-             if e.get("timing/update_actor") and e.get("tokens/trained")]
+    return _update_rate(events, lambda e: 6 * params * e.get("tokens/trained", 0.0))
+
+
+def _update_rate(events: list[dict], flops: Callable[[dict], float | None]) -> float:
+    """Median over the steps that have both of `flops(event)` over the update's time."""
+    rates = [flops(e) / e["timing/update_actor"] for e in events if e.get("timing/update_actor") and flops(e)]
     return statistics.median(rates) if rates else float("nan")
 
 
