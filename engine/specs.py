@@ -52,6 +52,7 @@ class OptimSpec:
     mini_batch_size: int
     micro_batch_size: int
     micro_batch_tokens: Optional[int]
+    score_micro_batch_size: int
     epochs: int
     total_updates: int
 

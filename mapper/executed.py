@@ -56,6 +56,7 @@ class RoleRun:
     trained: bool = False
     zero_stage: int = 0
     micro_seqs: float = 1.0  # sequences per forward/backward pass (fractional: a token budget)
+    score_seqs: float = 0.0  # sequences per scoring forward, without a backward (0: micro_seqs)
     rows: int = 1  # sequences one pass over the role spreads across its pool (a mini-batch, a step)
     lora: bool = False  # only adapters train: their gradients and Adam states are negligible
     generation: Generation | None = None
@@ -118,16 +119,17 @@ def role_memory(workload: Workload, device: Device, run: RoleRun, devices: int) 
     shape = workload.models[run.role]
     params = shape.params(run.role == "reference")
     weights = memory.frozen_weights(params, workload.dtype_bytes, 1, 1)
-    forward = memory.inference_activations(shape, run.role == "reference", _micro(run, devices), workload.seq_len,
-                                           1, workload.dtype_bytes)
+    forward = memory.inference_activations(shape, run.role == "reference", _micro(run, devices, scoring=True),
+                                           workload.seq_len, 1, workload.dtype_bytes)
     if run.zero_stage == 3:  # partitioned like the actor: a share resident, a window gathered per pass
         weights /= devices
         forward += memory.zero3_gathered(params, workload.dtype_bytes)
     return RoleMemory(run.role, (weights,) * 3, (0.0, forward, 0.0), {"weights": weights, "activations": forward})
 
 
-def _micro(run: RoleRun, devices: int) -> float:
-    return min(run.micro_seqs, math.ceil(run.rows / devices))
+def _micro(run: RoleRun, devices: int, scoring: bool = False) -> float:
+    seqs = (run.score_seqs or run.micro_seqs) if scoring else run.micro_seqs
+    return min(seqs, math.ceil(run.rows / devices))
 
 
 def _trained(w: Workload, device: Device, run: RoleRun, dp: int) -> RoleMemory:
@@ -140,9 +142,10 @@ def _trained(w: Workload, device: Device, run: RoleRun, dp: int) -> RoleMemory:
     if run.lora:
         states = replace(states, grads=0.0, optimizer=0.0)
     gathered = memory.zero3_gathered(params, w.dtype_bytes) if run.zero_stage == 3 else 0.0
-    micro = _micro(run, dp)
-    forward = memory.inference_activations(shape, lm_head, micro, w.seq_len, 1, w.dtype_bytes) + gathered
-    train = memory.train_activations(shape, lm_head, micro, w.seq_len, 1, w.checkpointing, w.dtype_bytes) + gathered
+    forward = memory.inference_activations(shape, lm_head, _micro(run, dp, scoring=True), w.seq_len, 1,
+                                           w.dtype_bytes) + gathered
+    train = memory.train_activations(shape, lm_head, _micro(run, dp), w.seq_len, 1, w.checkpointing,
+                                     w.dtype_bytes) + gathered
     detail = {"weights": states.weights, "grads": states.grads, "optimizer": states.optimizer, "activations": train}
     held, gen = states.total, run.generation
     if gen is None:

@@ -226,7 +226,7 @@ class ActorWorker(Worker):
         model.eval()  # score as the rollout sampled: no dropout
         try:
             log_probs, entropy = batched_log_probs(model, batch.to(self.device), self.spec.rollout.temperature,
-                                                   self.spec.optim.micro_batch_size, with_entropy=True,
+                                                   self.spec.optim.score_micro_batch_size, with_entropy=True,
                                                    zero3=self.spec.optim.zero_stage == 3)
         finally:
             model.train(was_training)
@@ -243,7 +243,8 @@ class ActorWorker(Worker):
         try:
             with adapters_off(model):
                 log_probs, _ = batched_log_probs(model, batch.to(self.device), self.spec.rollout.temperature,
-                                                 self.spec.optim.micro_batch_size, zero3=self.spec.optim.zero_stage == 3)
+                                                 self.spec.optim.score_micro_batch_size,
+                                                 zero3=self.spec.optim.zero_stage == 3)
         finally:
             model.train(was_training)
         return Batch({col.REF_LOG_PROBS: log_probs.cpu()})

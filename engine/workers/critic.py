@@ -82,7 +82,7 @@ class CriticWorker(Worker):
         module = self.train_engine.module
         module.eval()
         parts = [self._values(module, micro.to(self.device)).cpu()
-                 for micro in batch.split(self.spec.optim.micro_batch_size)]
+                 for micro in batch.split(self.spec.optim.score_micro_batch_size)]
         return Batch({self.values_key: torch.cat(parts)})
 
     @register(Dispatch.DP_COMPUTE)

@@ -65,6 +65,16 @@ def test_actor_and_reference_on_two_devices_by_hand():
     assert mem.worst == ("training", 1_747_328)
 
 
+def test_a_scoring_micro_batch_of_its_own_sizes_the_scoring_forward_only():
+    # Scoring 4 sequences at a time (64 tokens) where the update takes 2: the scoring forward's one
+    # layer and logits double (2 x (69,632 + 7,040)); the update's kept activations do not change.
+    pool = PoolRun("pool0", 2, (replace(_actor(zero=1), score_seqs=4), RoleRun("reference", micro_seqs=4, rows=8)))
+    [mem] = executed_memory(_workload(), A100, [pool])
+    actor, reference = mem.roles
+    assert actor.transient == (0.0, 153_344, 153_344)
+    assert reference.transient == (0.0, 153_344, 0.0)
+
+
 def test_zero3_shards_the_states_and_gathers_the_whole_weights_for_the_rollout():
     [mem] = executed_memory(_workload(), A100, [PoolRun("pool0", 4, (_actor(zero=3),))])
     [actor] = mem.roles

@@ -31,6 +31,7 @@ OTHER_NAMES: dict[str, tuple[str, ...]] = {
     "train_batch_size": ("trainer.prompts_per_step", "verl"),
     "ppo_mini_batch_size": ("actor.mini_batch_size", "verl", "verl counts prompts, hflow sequences"),
     "ppo_micro_batch_size_per_gpu": ("actor.micro_batch_size", "verl"),
+    "log_prob_micro_batch_size_per_gpu": ("actor.score_micro_batch_size", "verl"),
     "ppo_epochs": ("actor.epochs", "verl"),
     "kl_loss_coef": ("<algorithm>.kl_coef", "verl"),
     "kl_loss_type": ("<algorithm>.kl_estimator", "verl"),

@@ -55,12 +55,13 @@ class StepMemory:
 
 
 def step_memory(prompts: int, n: int, prompt_len: int, response_len: int, decode_rows: int, micro_rows: int,
-                dims: ModelDims | None, dtype_bytes: int) -> StepMemory:
+                dims: ModelDims | None, dtype_bytes: int, score_rows: int = 0) -> StepMemory:
     """The memory of one step (bytes), a pure function of the recipe's sizes.
 
     rows:   prompts x n sequences of prompt_len + response_len tokens, ROW_BYTES_PER_TOKEN each;
     logits: micro_rows sequences' response tokens over the vocabulary (the LM head runs on those
-            positions only: `engine/training/logprobs.py`), float32 with their gradient;
+            positions only: `engine/training/logprobs.py`), float32 with their gradient, or a
+            scoring pass's score_rows sequences' without one, whichever is larger;
     KV:     decode_rows sequences decoded together, every layer's keys and values at prompt +
             response length, in the model's dtype (`engine/rollout/fast_decode.py` allocates it whole).
     Without `dims` (no config to read) only the rows are counted."""
@@ -68,7 +69,7 @@ def step_memory(prompts: int, n: int, prompt_len: int, response_len: int, decode
     rows = prompts * n * length * ROW_BYTES_PER_TOKEN
     if dims is None:
         return StepMemory(rows, 0, 0)
-    logits = micro_rows * response_len * dims.vocab * LOGIT_BYTES
+    logits = max(micro_rows * LOGIT_BYTES, score_rows * LOGIT_BYTES // 2) * response_len * dims.vocab
     kv_cache = decode_rows * length * 2 * dims.layers * dims.kv_dim * dtype_bytes
     return StepMemory(rows, logits, kv_cache)
 
@@ -102,7 +103,7 @@ def model_dims(recipe: Recipe) -> ModelDims | None:
 
 def recipe_step_memory(recipe: Recipe, dims: ModelDims | None) -> StepMemory:
     """`step_memory` at the recipe's sizes: the `hf` engine's decoding batch (rollout.batch_size
-    sequences, whole prompt groups; vLLM keeps its own cache), the actor's micro-batch."""
+    sequences, whole prompt groups; vLLM keeps its own cache), the actor's micro-batches."""
     r, length = recipe.rollout, recipe.data.max_prompt_length + recipe.rollout.max_response_length
     sequences = recipe.sequences_per_step
     decode = min(sequences, max(1, r.batch_size // r.n) * r.n) if r.engine == "hf" else 0
@@ -110,7 +111,7 @@ def recipe_step_memory(recipe: Recipe, dims: ModelDims | None) -> StepMemory:
     micro = max(1, actor.micro_batch_tokens // length) if actor.micro_batch_tokens else actor.micro_batch_size
     dtype_bytes = 2 if recipe.model.dtype == "bfloat16" else 4
     return step_memory(recipe.trainer.prompts_per_step, r.n, recipe.data.max_prompt_length, r.max_response_length,
-                       decode, min(micro, sequences), dims, dtype_bytes)
+                       decode, min(micro, sequences), dims, dtype_bytes, min(actor.scoring_micro_batch, sequences))
 
 
 def machine_memory() -> int | None:

@@ -112,18 +112,19 @@ def _layout(recipe: Recipe, roles: list[str], devices: int, origin: str):
 
 def role_run(recipe: Recipe, role: str, generator_copy: bool = False) -> RoleRun:
     """How the worker of `role` runs (`worker_specs.py`): trained sections under their ZeRO stage,
-    frozen models scoring in the actor's micro-batches (partitioned under the actor's ZeRO-3), the
-    actor generating with the rollout engine."""
+    frozen models scoring in the actor's scoring micro-batches (partitioned under the actor's
+    ZeRO-3), the actor generating with the rollout engine."""
     if role == ROLLOUT:
         return RoleRun(GENERATOR, generation=_generation(recipe))
     if role not in SECTION:
-        return RoleRun(role, zero_stage=recipe.actor.zero_stage, micro_seqs=recipe.actor.micro_batch_size,
+        return RoleRun(role, zero_stage=recipe.actor.zero_stage, micro_seqs=recipe.actor.scoring_micro_batch,
                        rows=recipe.sequences_per_step)
     cfg = getattr(recipe, SECTION[role])
     seq_len = recipe.data.max_prompt_length + recipe.rollout.max_response_length
     micro = cfg.micro_batch_tokens / seq_len if cfg.micro_batch_tokens else cfg.micro_batch_size
     return RoleRun(role, trained=True, zero_stage=cfg.zero_stage, micro_seqs=micro,
-                   rows=cfg.mini_batch_size or recipe.sequences_per_step, lora=cfg.lora is not None,
+                   score_seqs=cfg.scoring_micro_batch, rows=cfg.mini_batch_size or recipe.sequences_per_step,
+                   lora=cfg.lora is not None,
                    generation=_generation(recipe, generator_copy) if role == "actor" else None)
 
 

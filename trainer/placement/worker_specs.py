@@ -31,7 +31,8 @@ def optim_spec(cfg: OptimConfig, sequences_per_step: int | None = None, total_up
         lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), lr_schedule=cfg.lr_schedule,
         warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio, grad_clip=cfg.grad_clip,
         zero_stage=cfg.zero_stage, mini_batch_size=mini, micro_batch_size=cfg.micro_batch_size,
-        micro_batch_tokens=cfg.micro_batch_tokens, epochs=cfg.epochs, total_updates=total_updates,
+        micro_batch_tokens=cfg.micro_batch_tokens, score_micro_batch_size=cfg.scoring_micro_batch,
+        epochs=cfg.epochs, total_updates=total_updates,
     )
 
 
@@ -82,7 +83,7 @@ def critic_spec(recipe: Recipe, source: str) -> CriticSpec:
 
 def reference_spec(recipe: Recipe) -> ReferenceSpec:
     path = recipe.reference.path or recipe.model.path
-    return ReferenceSpec(model_spec(recipe, path), recipe.rollout.temperature, recipe.actor.micro_batch_size,
+    return ReferenceSpec(model_spec(recipe, path), recipe.rollout.temperature, recipe.actor.scoring_micro_batch,
                          recipe.actor.zero_stage)
 
 
@@ -94,7 +95,7 @@ def scorer_spec(recipe: Recipe, section: str, local: bool = False) -> ScorerSpec
     model = model_spec(recipe, cfg.model) if cfg.model else None
     fn = None if cfg.model else load_reward_fn(cfg.function, f"{section}.function", recipe.reward)
     return ScorerSpec(section, model_spec(recipe, recipe.model.path), model, fn, cfg.function,
-                      recipe.actor.micro_batch_size, recipe.actor.zero_stage,
+                      recipe.actor.scoring_micro_batch, recipe.actor.zero_stage,
                       timeout_s=recipe.trainer.worker_timeout_s if local else None)
 
 

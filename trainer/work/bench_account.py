@@ -31,7 +31,13 @@ from hflow.trainer.work.account import PHASES, decode_batch_rows, needed_labels,
 
 TRAINED = {"update_actor": "actor", "update_critic": "critic"}
 SECTION = {"actor": "actor", "reference": "actor", "critic": "critic", "cost_critic": "critic",
-           "reward": "actor", "cost": "actor"}  # whose micro_batch_size a model's passes use
+           "reward": "actor", "cost": "actor"}  # whose micro-batch sizes a model's passes use
+
+
+def micro_rows(phase: str, label: str, recipe: Recipe) -> int:
+    """Sequences per forward of the phase: the training micro-batch in an update, else the scoring one."""
+    section = getattr(recipe, SECTION[label])
+    return section.micro_batch_size if phase in TRAINED else section.scoring_micro_batch
 
 
 def timed_rate(run, work: float, min_s: float = 0.02, sync=lambda: None) -> float:
@@ -96,7 +102,7 @@ def phase_rows(phase: str, label: str, recipe: Recipe, tokens_per_row: float) ->
     """The rows of the phase's typical matrix product: a decode batch, or a micro-batch's tokens."""
     if phase == "generate":
         return min(decode_batch_rows(recipe), recipe.sequences_per_step)
-    return int(getattr(recipe, SECTION[label]).micro_batch_size * tokens_per_row)
+    return int(micro_rows(phase, label, recipe) * tokens_per_row)
 
 
 def minimum_memory(phase: str, label: str, shape: ModelShape, recipe: Recipe, tokens_per_row: float,
@@ -110,7 +116,7 @@ def minimum_memory(phase: str, label: str, shape: ModelShape, recipe: Recipe, to
         resident = memory.model_states(shape.params(lm_head), nbytes, 1, 1, 1, zero=0).total
     else:
         resident = memory.frozen_weights(shape.params(lm_head), nbytes, 1, 1)
-    micro = getattr(recipe, SECTION[label]).micro_batch_size
+    micro = micro_rows(phase, label, recipe)
     if phase == "generate":
         return resident, memory.kv_cache(shape, min(decode_batch_rows(recipe), recipe.sequences_per_step), seq, 1,
                                          nbytes)

@@ -1,4 +1,5 @@
-"""The actor update: micro-batching by token budget, and reusing the sampler's log-probs."""
+"""The actor update: micro-batching by token budget, reusing the sampler's log-probs, and scoring in
+micro-batches of their own."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.placement.worker_groups import build_worker_groups
+from hflow.trainer.placement.worker_specs import critic_spec, reference_spec, scorer_spec
 from hflow.trainer.config.load import build_recipe
 
 
@@ -50,3 +52,41 @@ def test_reused_rollout_log_probs_match_recomputed(tiny_model):
     torch.testing.assert_close(reused["old_log_probs"][mask], recomputed["old_log_probs"][mask],
                                rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(reused["entropy"][mask], recomputed["entropy"][mask], rtol=1e-4, atol=1e-5)
+
+
+def _scored(recipe, model):
+    """The old policy's log-probs of one rollout, and how many forwards the model ran for them."""
+    groups = build_worker_groups(recipe, ["actor"], torch.device("cpu"))
+    actor = groups["actor"]
+    actor.init_model()
+    batch = actor.generate_sequences(PromptData(recipe.data, load_tokenizer(str(model)), 0, 4).batch(1))
+    forwards = []
+    hook = actor.worker.train_engine.module.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        scored = actor.compute_log_prob(batch)
+    finally:
+        hook.remove()
+    return batch, scored, len(forwards)
+
+
+def test_a_scoring_micro_batch_of_its_own_scores_the_same_in_fewer_forwards(tiny_model):
+    # 16 sequences: the training micro-batch of 4 scores them in 4 passes, a scoring one of 16 in one.
+    batch, small, small_forwards = _scored(_recipe(tiny_model, micro_batch_size=4), tiny_model)
+    _, whole, whole_forwards = _scored(_recipe(tiny_model, micro_batch_size=4, score_micro_batch_size=16),
+                                       tiny_model)
+    assert small_forwards == 4 * whole_forwards > 0
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(whole["old_log_probs"][mask], small["old_log_probs"][mask], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(whole["entropy"][mask], small["entropy"][mask], rtol=1e-4, atol=1e-5)
+
+
+def test_every_scoring_role_takes_its_section_s_scoring_micro_batch(tiny_model):
+    recipe = build_recipe({
+        "algorithm": "ppo", "model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits"},
+        "actor": {"micro_batch_size": 4, "score_micro_batch_size": 32}, "critic": {"micro_batch_size": 2},
+        "trainer": {"prompts_per_step": 8},
+    }, {}, "test")
+    assert reference_spec(recipe).micro_batch_size == 32
+    assert scorer_spec(recipe, "reward").micro_batch_size == 32
+    critic = critic_spec(recipe, str(tiny_model)).optim
+    assert (critic.micro_batch_size, critic.score_micro_batch_size) == (2, 2)  # default: the training one

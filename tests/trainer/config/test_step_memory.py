@@ -21,6 +21,10 @@ def test_the_estimate_by_hand():
     got = step_memory.step_memory(8, 4, 16, 8, decode_rows=8, micro_rows=4, dims=dims, dtype_bytes=4)
     assert got == StepMemory(rows=49_152, logits=14_080, kv_cache=196_608)
     assert got.total == 259_840
+    # A scoring pass of 12 sequences (no gradient, float32 logits): 12 x 8 x 55 x 4 = 21,120 bytes,
+    # more than the update's 14,080; one of 6 sequences (10,560) is less, and the update's counts.
+    assert step_memory.step_memory(8, 4, 16, 8, 8, 4, dims, 4, score_rows=12).logits == 21_120
+    assert step_memory.step_memory(8, 4, 16, 8, 8, 4, dims, 4, score_rows=6).logits == 14_080
     # Unknown model (no config to read): the rows only.
     assert step_memory.step_memory(8, 4, 16, 8, 8, 4, None, 4) == StepMemory(49_152, 0, 0)
 
