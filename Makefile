@@ -99,7 +99,7 @@ docker-smoke-gpu-deps:
 
 # The GPU check (benchmarks/gpu_check.py): `make gpu-wheels` here (with the package registry) puts
 # what a CUDA image lacks in ./.whl; on the GPU machine `make gpu-check PART=engine OUT=DIR` (then
-# PART=train, PART=bench: each under ten minutes) installs them and runs the part.
+# PART=train, PART=bench, PART=account: each under ten minutes) installs them and runs the part.
 PART ?= engine
 OUT ?= gpu-check
 gpu-wheels:

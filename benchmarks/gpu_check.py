@@ -1,4 +1,4 @@
-"""The first run on a GPU machine: what breaks, and the figures, in three parts of under ten minutes.
+"""The first run on a GPU machine: what breaks, and the figures, in four parts of under ten minutes.
 
     make gpu-wheels                                   # here, with the package registry: ./.whl
     bash benchmarks/gpu_check.sh engine "$OUT"         # on the GPU machine, one part per command
@@ -21,6 +21,10 @@ train    a tiny recipe that must learn; SmolLM2-135M- and Qwen2.5-0.5B-shaped Ll
          loss, weights moved
 bench    `hflow bench rollout|step|switch`, and TRL's GRPO against hflow's on the same model,
          rounds alternating (benchmarks/vs_trl.py)
+account  where the GPU's time goes: torch's profiler over the update, a scoring pass and a rollout
+         (benchmarks/update_profile.py: the kernels' busy share of the wall time), `hflow bench
+         step` with the step as one micro-batch and on the 0.5B shape, TRL beside it on the 0.5B
+         shape with activation recomputation on in both
 """
 
 from __future__ import annotations
@@ -353,11 +357,80 @@ def case_vs_trl(cwd: Path) -> dict:
     return out
 
 
+# --- account: where the GPU's time goes (issue "every phase at its limit") ---------------------------
+
+SHAPED = {"smollm2-135m": "model-smollm2", "qwen2.5-0.5b": "model-qwen05"}
+
+
+def shaped_sets(cwd: Path, shape: str, **keys) -> list[str]:
+    model = shaped_model(shape, cwd.parent / SHAPED[shape])
+    return sets(model__path=model, model__init="null", rollout__max_response_length=64,
+                trainer__prompts_per_step=16, **keys)
+
+
+def profiled(cwd: Path, phase: str, shape: str = "smollm2-135m", **keys) -> dict:
+    """benchmarks/update_profile.py on the GPU: the kernels' busy share of the phase's wall time (and
+    the update's trace: a rollout's is too large to write in the part's time)."""
+    trace = ["--trace", str(cwd / "trace.json")] if phase == "update" else []
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "grpo/quickstart",
+                           "--phase", phase, "--top", "25", *trace, *shaped_sets(cwd, shape, **keys)],
+                          cwd=cwd, capture_output=True, text=True, timeout=240)
+    (cwd / "log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-1500:])
+    lines = done.stdout.splitlines()
+    return {"seconds_line": next(x for x in lines if " seconds: " in x),
+            "busy_line": next((x for x in lines if x.startswith("device kernels busy")), None)}
+
+
+def case_profile_update(cwd):
+    return profiled(cwd, "update")
+
+
+def case_profile_score(cwd):
+    return profiled(cwd, "score")
+
+
+def case_profile_generate(cwd):
+    return profiled(cwd, "generate")
+
+
+def account_step(cwd: Path, shape: str, **keys) -> dict:
+    done = hflow("bench", "step", "grpo/quickstart", "--json", "--repeats", "3",
+                 *shaped_sets(cwd, shape, **keys), cwd=cwd, timeout=300)
+    (cwd / "log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-1500:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def case_step_135m_one_micro(cwd):
+    """The whole step's 128 rows as one mini- and one micro-batch: fewer, larger kernels."""
+    return account_step(cwd, "smollm2-135m", actor__mini_batch_size=128, actor__micro_batch_size=128)
+
+
+def case_step_05b(cwd):
+    return account_step(cwd, "qwen2.5-0.5b")
+
+
+def case_vs_trl_05b(cwd: Path) -> dict:
+    model = shaped_model("qwen2.5-0.5b", cwd.parent / SHAPED["qwen2.5-0.5b"])
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--model", str(model),
+                           "--steps", "5", "--rounds", "2", "--checkpointing", "on", "--json"], cwd=cwd,
+                          capture_output=True, text=True, timeout=400)
+    (cwd / "log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-1500:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 PARTS = {
     "engine": [case_environment, case_pytest_gpu, case_bf16_zero0_resume, case_offload_zero2_resume, case_zero3,
                case_checkpoint_host_memory, case_prefill_logits, case_switch_budget, case_logprob_mismatch],
     "train": [case_learns, case_smollm2_z0, case_smollm2_z2, case_qwen05_z0, case_qwen05_z2],
     "bench": [case_bench_rollout, case_bench_step, case_bench_switch, case_vs_trl],
+    "account": [case_profile_update, case_profile_score, case_profile_generate, case_step_05b, case_vs_trl_05b,
+                case_step_135m_one_micro],
 }
 
 

@@ -3,13 +3,13 @@
 # transformers, peft, accelerate and typer but not the rest: installs the wheels carried in ./.whl
 # (made here by benchmarks/gpu_wheels.sh; no network there) into a folder of their own, puts the
 # repository on the path as the `hflow` package, and runs the part, teed into OUT/<part>.log.
-#   bash benchmarks/gpu_check.sh engine|train|bench OUT [--only CASE ...] [--deadline S]
+#   bash benchmarks/gpu_check.sh engine|train|bench|account OUT [--only CASE ...] [--deadline S]
 #   bash benchmarks/gpu_check.sh all OUT [--deadline S]
 # `all` runs the three parts at once on the one GPU (for a lease too short for three commands):
 # every case's checks hold, but its timings share the GPU and the cores with the other parts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: gpu_check.sh engine|train|bench|all OUT [--only CASE ...] [--deadline S]"
+usage="usage: gpu_check.sh engine|train|bench|account|all OUT [--only CASE ...] [--deadline S]"
 part="${1:?$usage}"
 out="${2:?$usage}"
 shift 2

@@ -1,12 +1,16 @@
-"""Where the actor's update spends its time: torch's profiler over one `update_actor` call of a
-recipe's actor, by operator, after a warm-up update (optimizer state allocated) and two timed ones.
+"""Where a phase of the actor spends its time: torch's profiler over one call of a recipe's actor
+(`--phase update`: `update_actor`, the default; `score`: `compute_log_prob`; `generate`:
+`generate_sequences`), after a warm-up call (optimizer state allocated) and two timed ones.
 
     python benchmarks/update_profile.py grpo/smollm2-arithmetic --top 15
+    python benchmarks/update_profile.py grpo/quickstart --phase score --set model.path=... --trace t.json
 
 The batches are the recipe's own rollouts (its prompts, its generation settings) with random
-advantages: the update's work depends on their shapes, not on the values. Prints the timed updates'
-seconds, the batch's tokens, the matrix products' share of the profiled update and the operators
-with the most time of their own.
+advantages: the work depends on their shapes, not on the values. Prints the timed calls' seconds,
+the batch's tokens, and the operators with the most time of their own. On a GPU it profiles the
+device too: the kernels' busy time against the profiled call's wall time (how far the phase is
+bound by the host launching work rather than by the device), the operators by device time, and
+how often the host waited for the device (`cudaStreamSynchronize`, `.item()`, copies to the host).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import time
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from hflow.engine import columns as col
@@ -24,41 +29,80 @@ from hflow.trainer.config.load import load_recipe
 from hflow.trainer.work.bench import _actor
 
 
+def _batches(actor, data, count: int) -> list[Batch]:
+    batches = []
+    for step in range(1, count + 1):
+        rollout = resolve(actor.generate_sequences(data.batch(step)))
+        advantages = torch.randn(len(rollout), generator=torch.Generator().manual_seed(step))
+        batch = rollout | Batch({col.ADVANTAGES: advantages})
+        if col.OLD_LOG_PROBS not in batch:  # the recipe recomputes them before its update
+            batch = batch | resolve(actor.compute_log_prob(batch))
+        batch.meta["step"] = step
+        batches.append(batch)
+    return batches
+
+
+def _call(actor, phase: str, batch: Batch, data, step: int):
+    if phase == "update":
+        return resolve(actor.update_actor(batch))
+    if phase == "score":
+        return resolve(actor.compute_log_prob(batch))
+    return resolve(actor.generate_sequences(data.batch(step)))
+
+
+def _table(ops, key, total: float, top: int, title: str) -> None:
+    print(f"{title}: {total / 1e6:.3f} s")
+    print(f"{'operator':48s} {'self s':>8s} {'share':>7s} {'calls':>7s}")
+    for e in sorted(ops, key=key, reverse=True)[:top]:
+        print(f"{e.key[:48]:48s} {key(e) / 1e6:8.3f} {key(e) / max(total, 1):7.1%} {e.count:7d}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe")
     parser.add_argument("--set", action="append", default=[], help="a recipe override, as hflow's --set")
+    parser.add_argument("--phase", default="update", choices=["update", "score", "generate"])
     parser.add_argument("--top", type=int, default=15, help="operators listed")
+    parser.add_argument("--trace", help="also write the profiled call's Chrome trace to this file")
     args = parser.parse_args()
     recipe, _ = load_recipe(args.recipe, ["trainer.eval_every=0", *args.set])
     groups, data = _actor(recipe)
+    cuda = torch.cuda.is_available() and recipe.trainer.device != "cpu"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     try:
         actor = groups["actor"]
-        batches = []
-        for step in range(1, 5):
-            rollout = resolve(actor.generate_sequences(data.batch(step)))
-            advantages = torch.randn(len(rollout), generator=torch.Generator().manual_seed(step))
-            batch = rollout | Batch({col.ADVANTAGES: advantages})
-            batch.meta["step"] = step
-            batches.append(batch)
-        resolve(actor.update_actor(batches[0]))
+        batches = _batches(actor, data, 4)
+        _call(actor, args.phase, batches[0], data, 5)
         seconds = []
-        for batch in batches[1:3]:
+        for i, batch in enumerate(batches[1:3]):
             start = time.perf_counter()
-            resolve(actor.update_actor(batch))
+            _call(actor, args.phase, batch, data, 6 + i)
             seconds.append(time.perf_counter() - start)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            resolve(actor.update_actor(batches[3]))
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            _call(actor, args.phase, batches[3], data, 8)
+            wall = time.perf_counter() - start
     finally:
         groups.shutdown()
-    print(f"update seconds: {', '.join(f'{s:.2f}' for s in seconds)}; rows {len(batches[3])}, tokens "
-          f"{int(batches[3][col.ATTENTION_MASK].sum())} (response {int(batches[3][col.RESPONSE_MASK].sum())})")
-    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in ops)
-    print(f"profiled update: {total / 1e6:.2f} s of operator time")
-    print(f"{'operator':48s} {'self s':>8s} {'share':>7s} {'calls':>7s}")
-    for e in ops[:args.top]:
-        print(f"{e.key[:48]:48s} {e.self_cpu_time_total / 1e6:8.3f} {e.self_cpu_time_total / total:7.1%} {e.count:7d}")
+    print(f"{args.phase} seconds: {', '.join(f'{s:.3f}' for s in seconds)}; profiled {wall:.3f}; rows "
+          f"{len(batches[3])}, tokens {int(batches[3][col.ATTENTION_MASK].sum())} "
+          f"(response {int(batches[3][col.RESPONSE_MASK].sum())})")
+    ops = prof.key_averages()
+    _table(ops, lambda e: e.self_cpu_time_total, sum(e.self_cpu_time_total for e in ops), args.top,
+           "host operator time")
+    if cuda:
+        # The device's own events (kernels, copies): an operator's device time repeats its kernels'.
+        kernels = [e for e in ops if e.device_type == DeviceType.CUDA]
+        busy = sum(e.self_device_time_total for e in kernels)
+        print(f"device kernels busy {busy / 1e6:.3f} s of the profiled {wall:.3f} s wall ({busy / 1e6 / wall:.1%}); "
+              f"{sum(e.count for e in kernels)} kernels and copies")
+        _table(kernels, lambda e: e.self_device_time_total, busy, args.top, "device time")
+        waits = [e for e in ops if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "aten::item",
+                                             "aten::_local_scalar_dense", "cudaMemcpyAsync")]
+        for e in waits:
+            print(f"host waits: {e.key} x{e.count}, {e.self_cpu_time_total / 1e6:.3f} s")
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def carried_wheels() -> set[str]:
 def test_the_scripts_parse_and_every_part_lists_its_cases():
     for script in ("gpu_check.sh", "gpu_wheels.sh"):
         subprocess.run(["bash", "-n", str(REPO / "benchmarks" / script)], check=True)
-    for part in ("engine", "train", "bench"):
+    for part in ("engine", "train", "bench", "account"):
         done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), part, "unused", "--list"],
                               capture_output=True, text=True, check=True)
         assert len(done.stdout.split()) >= 4, done.stdout
