@@ -4,7 +4,7 @@
     python benchmarks/vs_trl.py [--sizes tiny | small,medium,base] [--tokenizer char|bpe] [--model DIR]
                                 [--steps 12] [--rounds 2] [--engine hf|vllm] [--prompts 16] [--max-new 64[,256,...]]
                                 [--n 4[,16,...]] [--warmup 2] [--threads N] [--busy K] [--device cpu|cuda]
-                                [--checkpointing defaults|on|off] [--json]
+                                [--checkpointing defaults|on|off] [--trl-host-memory on|off] [--json]
 
 Both train the same model (a locally built Llama of each --sizes entry: tiny 0.1M, small 3.4M,
 medium 27M, base 85M parameters, with the character tokenizer or a 512-token byte-level BPE trained
@@ -15,8 +15,10 @@ and large groups), temperature 1, one optimizer step per RL step, no KL term (TR
 0), activation recomputation as each framework defaults (TRL's on, hflow's off; --checkpointing
 on|off sets both alike: the fair comparison of memory), fp32 on the CPU (bf16 on a GPU: --device),
 --threads torch threads (default: torch's own count). hflow runs as users run it, `hflow train` in
-its own process (with the command's CPU thread settings, `cli/cpu_threads.py`); TRL runs in its own
-process with its defaults. With --engine vllm hflow also rescores the rollout before the update (the
+its own process (with the command's CPU thread and host-memory settings, `cli/cpu_threads.py`,
+`cli/host_memory.py`); TRL runs in its own process with its defaults and, unless
+--trl-host-memory off, the same host-memory settings (glibc's malloc thresholds, huge pages).
+With --engine vllm hflow also rescores the rollout before the update (the
 engine requires it), a pass TRL does not make.
 
 Per run the figure is the median over its steps after --warmup warm-up steps; the two frameworks
@@ -49,6 +51,21 @@ import tempfile
 import time
 from pathlib import Path
 
+
+
+def _host_memory_module():
+    """cli/host_memory.py by its path: importing `hflow.cli` would apply the command's settings to
+    this process and so to every TRL run it starts."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "cli" / "host_memory.py"
+    spec = importlib.util.spec_from_file_location("host_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+keep_host_memory = _host_memory_module().keep_host_memory
 
 
 def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
@@ -205,6 +222,9 @@ class Busy:
 
 
 def one_run(name: str, model_dir: Path, out: str, a: argparse.Namespace, env: dict) -> dict:
+    if name == "trl" and a.trl_host_memory == "on":  # what `hflow` sets for itself (cli/host_memory.py)
+        env = dict(env)
+        keep_host_memory(env)
     if name == "hflow":
         cmd = hflow_command(str(model_dir), out, a)
     else:
@@ -297,6 +317,9 @@ def main() -> None:
                              "hflow's bf16 weights with fp32 masters and TRL's bf16 mixed precision")
     parser.add_argument("--busy", type=int, default=0, help="spinning processes beside every run")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--trl-host-memory", default="on", choices=["on", "off"],
+                        help="run TRL with the host-memory settings the hflow command gives itself (glibc's "
+                        "malloc thresholds, huge pages: cli/host_memory.py); default on")
     parser.add_argument("--run", choices=["trl"], help=argparse.SUPPRESS)  # one TRL run (a child process)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     a = parser.parse_args()

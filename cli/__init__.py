@@ -1,8 +1,11 @@
 """Command-line interface: one module per command.
 
-Importing it sets how idle OpenMP threads wait, before torch is loaded (`cpu_threads.py`).
+Importing it sets how idle OpenMP threads wait (`cpu_threads.py`) and how host memory is kept
+between passes (`host_memory.py`), before torch is loaded.
 """
 
 from hflow.cli.cpu_threads import wait_passively
+from hflow.cli.host_memory import keep_host_memory
 
 wait_passively()
+keep_host_memory()

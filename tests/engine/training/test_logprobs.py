@@ -114,7 +114,7 @@ def test_response_log_probs_equal_the_reference_values_and_gradients(tiny_model,
     """Shared prompts in one bucket (a huge per-forward cost) or one per response length (none);
     the LM head on scored positions only or on whole columns; with `holes`, unscored tokens inside
     the responses (a tool's output in a multi-turn episode) and a row scored on its first token only."""
-    monkeypatch.setattr(token_logprobs, "CHUNK_VALUES", 4 * 55)  # tiny vocabulary: chunks of 4 tokens
+    monkeypatch.setattr(token_logprobs, "CPU_CHUNK_VALUES", 4 * 55)  # tiny vocabulary: chunks of 4 tokens
     monkeypatch.setitem(logprobs.BUCKET_OVERHEAD_TOKENS, "cpu", overhead)
     if not head_at:
         monkeypatch.setattr(logprobs, "can_head_at", lambda forward: False)
@@ -179,7 +179,7 @@ def test_ptx_loss_equals_the_reference_and_its_gradient(tiny_model, monkeypatch)
     from hflow.engine import columns as col
     from hflow.engine.models.loading import load_causal_lm
 
-    monkeypatch.setattr(token_logprobs, "CHUNK_VALUES", 5 * 55)
+    monkeypatch.setattr(token_logprobs, "CPU_CHUNK_VALUES", 5 * 55)
     model = load_causal_lm(str(tiny_model), torch.float32)
     ids = torch.randint(3, 55, (3, 9), generator=torch.Generator().manual_seed(2))
     mask = (torch.arange(9)[None] < torch.tensor([[9], [5], [2]])).long()
@@ -230,7 +230,7 @@ def test_peak_temporary_memory_is_a_chunk_not_the_logits(monkeypatch, tmp_path, 
     """The CPU allocator's own peak (bytes, not time) of everything `response_log_probs` allocates
     past the model's logits: a few 16-token chunks (3% of (B, R, V) float32 each), where the
     reference allocates several copies of all of it."""
-    monkeypatch.setattr(token_logprobs, "CHUNK_VALUES", 16 * V)
+    monkeypatch.setattr(token_logprobs, "CPU_CHUNK_VALUES", 16 * V)
     head, batch = _rows(requires_grad=False)
     with torch.no_grad():
         with PeakAllocated(tmp_path) as chunked:
@@ -246,7 +246,7 @@ def test_peak_temporary_memory_is_a_chunk_not_the_logits(monkeypatch, tmp_path, 
 def test_training_keeps_no_float32_copy_for_the_backward(monkeypatch, tmp_path):
     """With gradients the forward still allocates only chunks (the backward recomputes the softmax
     from the logits), and the backward allocates the logits' gradient and a chunk."""
-    monkeypatch.setattr(token_logprobs, "CHUNK_VALUES", 16 * V)
+    monkeypatch.setattr(token_logprobs, "CPU_CHUNK_VALUES", 16 * V)
     head, batch = _rows(requires_grad=True, dtype=torch.bfloat16)
     with PeakAllocated(tmp_path) as forward:
         log_probs, entropy = logprobs.response_log_probs(head, batch, 0.7, with_entropy=True)
