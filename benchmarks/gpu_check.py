@@ -416,8 +416,8 @@ def case_step_05b(cwd):
 def case_vs_trl_05b(cwd: Path) -> dict:
     model = shaped_model("qwen2.5-0.5b", cwd.parent / SHAPED["qwen2.5-0.5b"])
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--model", str(model),
-                           "--steps", "5", "--rounds", "2", "--checkpointing", "on", "--json"], cwd=cwd,
-                          capture_output=True, text=True, timeout=400)
+                           "--steps", "4", "--warmup", "1", "--rounds", "2", "--checkpointing", "on", "--json"],
+                          cwd=cwd, capture_output=True, text=True, timeout=400)
     (cwd / "log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-1500:])
