@@ -320,16 +320,39 @@ def case_qwen05_z2(cwd):
 
 # --- bench -----------------------------------------------------------------------------------------
 
-def bench(cwd: Path, what: str) -> dict:
-    model = shaped_model("smollm2-135m", cwd.parent / "model-smollm2")
-    done = hflow("bench", what, "grpo/quickstart", "--json", "--repeats", "3", *sets(
-        model__path=model, model__init="null", rollout__max_response_length=64, trainer__prompts_per_step=16),
-        cwd=cwd, timeout=300)
+SHAPED = {"smollm2-135m": "model-smollm2", "qwen2.5-0.5b": "model-qwen05"}
+
+
+def shaped_sets(cwd: Path, shape: str, **keys) -> list[str]:
+    """`--set`s for grpo/quickstart on a model of SHAPES[shape]: 16 prompts x 8, 64 new tokens."""
+    model = shaped_model(shape, cwd.parent / SHAPED[shape])
+    return sets(model__path=model, model__init="null", rollout__max_response_length=64,
+                trainer__prompts_per_step=16, **keys)
+
+
+def finished(done: subprocess.CompletedProcess, cwd: Path) -> str:
+    """A finished command's standard output (all its output kept in cwd/log); raises if it failed."""
+    (cwd / "log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-1500:])
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    out["ok"] = True
-    return out
+    return done.stdout
+
+
+def json_result(done: subprocess.CompletedProcess, cwd: Path) -> dict:
+    """The last line of a finished command's output, read as JSON."""
+    return json.loads(finished(done, cwd).strip().splitlines()[-1])
+
+
+def bench(cwd: Path, what: str, shape: str = "smollm2-135m", **keys) -> dict:
+    return json_result(hflow("bench", what, "grpo/quickstart", "--json", "--repeats", "3",
+                             *shaped_sets(cwd, shape, **keys), cwd=cwd, timeout=300), cwd)
+
+
+def vs_trl(cwd: Path, shape: str, *args: str, timeout: float) -> dict:
+    model = shaped_model(shape, cwd.parent / SHAPED[shape])
+    return json_result(subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--model", str(model),
+                                       *args, "--json"], cwd=cwd, capture_output=True, text=True, timeout=timeout),
+                       cwd)
 
 
 def case_bench_rollout(cwd):
@@ -345,28 +368,10 @@ def case_bench_switch(cwd):
 
 
 def case_vs_trl(cwd: Path) -> dict:
-    model = shaped_model("smollm2-135m", cwd.parent / "model-smollm2")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--model", str(model),
-                           "--steps", "6", "--rounds", "2", "--json"], cwd=cwd, capture_output=True, text=True,
-                          timeout=420)
-    (cwd / "log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-1500:])
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    out["ok"] = True
-    return out
+    return vs_trl(cwd, "smollm2-135m", "--steps", "6", "--rounds", "2", timeout=420)
 
 
 # --- account: where the GPU's time goes (issue "every phase at its limit") ---------------------------
-
-SHAPED = {"smollm2-135m": "model-smollm2", "qwen2.5-0.5b": "model-qwen05"}
-
-
-def shaped_sets(cwd: Path, shape: str, **keys) -> list[str]:
-    model = shaped_model(shape, cwd.parent / SHAPED[shape])
-    return sets(model__path=model, model__init="null", rollout__max_response_length=64,
-                trainer__prompts_per_step=16, **keys)
-
 
 def profiled(cwd: Path, phase: str, shape: str = "smollm2-135m", **keys) -> dict:
     """benchmarks/update_profile.py on the GPU: the kernels' busy share of the phase's wall time (and
@@ -375,10 +380,7 @@ def profiled(cwd: Path, phase: str, shape: str = "smollm2-135m", **keys) -> dict
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "grpo/quickstart",
                            "--phase", phase, "--top", "25", *trace, *shaped_sets(cwd, shape, **keys)],
                           cwd=cwd, capture_output=True, text=True, timeout=240)
-    (cwd / "log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-1500:])
-    lines = done.stdout.splitlines()
+    lines = finished(done, cwd).splitlines()
     return {"seconds_line": next(x for x in lines if " seconds: " in x),
             "busy_line": next((x for x in lines if x.startswith("device kernels busy")), None)}
 
@@ -395,33 +397,18 @@ def case_profile_generate(cwd):
     return profiled(cwd, "generate")
 
 
-def account_step(cwd: Path, shape: str, **keys) -> dict:
-    done = hflow("bench", "step", "grpo/quickstart", "--json", "--repeats", "3",
-                 *shaped_sets(cwd, shape, **keys), cwd=cwd, timeout=300)
-    (cwd / "log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-1500:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def case_step_135m_one_micro(cwd):
     """The whole step's 128 rows as one mini- and one micro-batch: fewer, larger kernels."""
-    return account_step(cwd, "smollm2-135m", actor__mini_batch_size=128, actor__micro_batch_size=128)
+    return bench(cwd, "step", actor__mini_batch_size=128, actor__micro_batch_size=128)
 
 
 def case_step_05b(cwd):
-    return account_step(cwd, "qwen2.5-0.5b")
+    return bench(cwd, "step", "qwen2.5-0.5b")
 
 
 def case_vs_trl_05b(cwd: Path) -> dict:
-    model = shaped_model("qwen2.5-0.5b", cwd.parent / SHAPED["qwen2.5-0.5b"])
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--model", str(model),
-                           "--steps", "4", "--warmup", "1", "--rounds", "2", "--checkpointing", "on", "--json"],
-                          cwd=cwd, capture_output=True, text=True, timeout=400)
-    (cwd / "log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-1500:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return vs_trl(cwd, "qwen2.5-0.5b", "--steps", "4", "--warmup", "1", "--rounds", "2", "--checkpointing", "on",
+                  timeout=400)
 
 
 PARTS = {
