@@ -1,6 +1,7 @@
 """Where a phase of the actor spends its time: torch's profiler over one call of a recipe's actor
 (`--phase update`: `update_actor`, the default; `score`: `compute_log_prob`; `generate`:
-`generate_sequences`), after a warm-up call (optimizer state allocated) and two timed ones.
+`generate_sequences`), after a warm-up call (optimizer state allocated) and `--timed` timed ones
+(default 2), each with its seconds in the kernel and its page faults (this process's).
 
     python benchmarks/update_profile.py grpo/smollm2-arithmetic --top 15
     python benchmarks/update_profile.py grpo/quickstart --phase score --set model.path=... --trace t.json
@@ -16,6 +17,7 @@ how often the host waited for the device (`cudaStreamSynchronize`, `.item()`, co
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 
 import torch
@@ -63,6 +65,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="a recipe override, as hflow's --set")
     parser.add_argument("--phase", default="update", choices=["update", "score", "generate"])
     parser.add_argument("--top", type=int, default=15, help="operators listed")
+    parser.add_argument("--timed", type=int, default=2, help="timed calls before the profiled one")
     parser.add_argument("--trace", help="also write the profiled call's Chrome trace to this file")
     args = parser.parse_args()
     recipe, _ = load_recipe(args.recipe, ["trainer.eval_every=0", *args.set])
@@ -71,22 +74,25 @@ def main() -> None:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     try:
         actor = groups["actor"]
-        batches = _batches(actor, data, 4)
-        _call(actor, args.phase, batches[0], data, 5)
-        seconds = []
-        for i, batch in enumerate(batches[1:3]):
-            start = time.perf_counter()
-            _call(actor, args.phase, batch, data, 6 + i)
-            seconds.append(time.perf_counter() - start)
+        batches = _batches(actor, data, args.timed + 2)  # a generation's own prompts: the steps after these
+        _call(actor, args.phase, batches[0], data, len(batches) + 1)
+        timed = []
+        for i, batch in enumerate(batches[1:-1]):
+            before = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            _call(actor, args.phase, batch, data, len(batches) + 2 + i)
+            after = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            timed.append((after[1] - before[1], after[0].ru_stime - before[0].ru_stime,
+                          after[0].ru_minflt - before[0].ru_minflt))
         with profile(activities=activities) as prof:
             start = time.perf_counter()
-            _call(actor, args.phase, batches[3], data, 8)
+            _call(actor, args.phase, batches[-1], data, 2 * len(batches))
             wall = time.perf_counter() - start
     finally:
         groups.shutdown()
-    print(f"{args.phase} seconds: {', '.join(f'{s:.3f}' for s in seconds)}; profiled {wall:.3f}; rows "
-          f"{len(batches[3])}, tokens {int(batches[3][col.ATTENTION_MASK].sum())} "
-          f"(response {int(batches[3][col.RESPONSE_MASK].sum())})")
+    print(f"{args.phase} seconds: {', '.join(f'{t[0]:.3f}' for t in timed)}; profiled {wall:.3f}; rows "
+          f"{len(batches[-1])}, tokens {int(batches[-1][col.ATTENTION_MASK].sum())} "
+          f"(response {int(batches[-1][col.RESPONSE_MASK].sum())})")
+    print(f"in the kernel: {', '.join(f'{t[1]:.2f} s ({t[2]} page faults)' for t in timed)}")
     ops = prof.key_averages()
     _table(ops, lambda e: e.self_cpu_time_total, sum(e.self_cpu_time_total for e in ops), args.top,
            "host operator time")
