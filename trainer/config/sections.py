@@ -108,11 +108,6 @@ class OptimConfig(Section):
         "by kernel launches, a larger one scores faster (docs: benchmarks, GPU).",
     )
     epochs: int = Field(1, ge=1, description="Passes over each step's rollouts.")
-
-    @property
-    def scoring_micro_batch(self) -> int:
-        """Sequences per scoring forward: `score_micro_batch_size`, else the training micro-batch."""
-        return self.score_micro_batch_size or self.micro_batch_size
     lora: Optional[LoraConfig] = Field(
         None,
         description="Train LoRA adapters instead of the whole model (e.g. `actor.lora: {rank: 16}` or "
@@ -122,6 +117,11 @@ class OptimConfig(Section):
         "loaded (unless `reference.path` names another model). Checkpoints hold the adapters; `final/` "
         "holds the merged model and, in `final/adapter/`, the adapters (peft format).",
     )
+
+    @property
+    def scoring_micro_batch(self) -> int:
+        """Sequences per scoring forward: `score_micro_batch_size`, else the training micro-batch."""
+        return self.score_micro_batch_size or self.micro_batch_size
 
 
 class ActorConfig(OptimConfig):
