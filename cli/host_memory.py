@@ -27,6 +27,7 @@ import os
 import platform
 
 TRIM_THRESHOLD = 1 << 30
+HOST_MEMORY_KEYS = {"MALLOC_MMAP_MAX_": 0, "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD, "THP_MEM_ALLOC_ENABLE": 1}
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 
 
@@ -34,8 +35,7 @@ def keep_host_memory(environ: dict | None = None) -> None:
     """Set the keys above in `environ` (default: the process's, where glibc's own settings are
     also made now) unless the user set them."""
     env = os.environ if environ is None else environ
-    chosen = {"MALLOC_MMAP_MAX_": 0, "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD, "THP_MEM_ALLOC_ENABLE": 1}
-    ours = {key: value for key, value in chosen.items() if key not in env}
+    ours = {key: value for key, value in HOST_MEMORY_KEYS.items() if key not in env}
     env.update({key: str(value) for key, value in ours.items()})
     if environ is None and platform.libc_ver()[0] == "glibc":
         libc = ctypes.CDLL(None)

@@ -6,7 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+# The `hflow` command's process settings (idle threads, host memory: `cli/cpu_threads.py`,
+# `cli/host_memory.py`) in every test process from its start, before torch loads, and so in every
+# process a test starts: not only after the first test that happens to import the command.
+import hflow.cli  # noqa: E402,F401
+import torch  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -7,9 +7,7 @@ import sys
 
 import pytest
 
-from hflow.cli.host_memory import TRIM_THRESHOLD, keep_host_memory
-
-KEYS = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "THP_MEM_ALLOC_ENABLE")
+from hflow.cli.host_memory import HOST_MEMORY_KEYS, TRIM_THRESHOLD, keep_host_memory
 
 
 def test_the_settings_go_to_the_processes_it_starts_unless_the_user_chose_them():
@@ -45,7 +43,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings")
 def test_a_second_pass_reuses_the_memory_the_first_freed():
     # Huge pages off in both (a user's choice wins): fewer faults from them would hide the reuse.
-    env = {**{k: v for k, v in os.environ.items() if k not in KEYS}, "THP_MEM_ALLOC_ENABLE": "0"}
+    env = {**{k: v for k, v in os.environ.items() if k not in HOST_MEMORY_KEYS}, "THP_MEM_ALLOC_ENABLE": "0"}
     faults = {}
     for mode in ("plain", "hflow"):
         done = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, env=env)
