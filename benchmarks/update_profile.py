@@ -31,13 +31,13 @@ from hflow.trainer.config.load import load_recipe
 from hflow.trainer.work.bench import _actor
 
 
-def _batches(actor, data, count: int) -> list[Batch]:
+def _batches(actor, data, count: int, scored: bool) -> list[Batch]:
     batches = []
     for step in range(1, count + 1):
         rollout = resolve(actor.generate_sequences(data.batch(step)))
         advantages = torch.randn(len(rollout), generator=torch.Generator().manual_seed(step))
         batch = rollout | Batch({col.ADVANTAGES: advantages})
-        if col.OLD_LOG_PROBS not in batch:  # the recipe recomputes them before its update
+        if scored and col.OLD_LOG_PROBS not in batch:  # the recipe recomputes them before its update
             batch = batch | resolve(actor.compute_log_prob(batch))
         batch.meta["step"] = step
         batches.append(batch)
@@ -74,7 +74,8 @@ def main() -> None:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     try:
         actor = groups["actor"]
-        batches = _batches(actor, data, args.timed + 2)  # a generation's own prompts: the steps after these
+        # A generation's own prompts are the steps after these.
+        batches = _batches(actor, data, args.timed + 2, scored=args.phase == "update")
         _call(actor, args.phase, batches[0], data, len(batches) + 1)
         timed = []
         for i, batch in enumerate(batches[1:-1]):

@@ -28,7 +28,7 @@ import platform
 
 TRIM_THRESHOLD = 1 << 30
 HOST_MEMORY_KEYS = {"MALLOC_MMAP_MAX_": 0, "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD, "THP_MEM_ALLOC_ENABLE": 1}
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_MALLOPT = {"MALLOC_MMAP_MAX_": -4, "MALLOC_TRIM_THRESHOLD_": -1}  # the keys' mallopt parameters (malloc.h)
 
 
 def keep_host_memory(environ: dict | None = None) -> None:
@@ -39,7 +39,6 @@ def keep_host_memory(environ: dict | None = None) -> None:
     env.update({key: str(value) for key, value in ours.items()})
     if environ is None and platform.libc_ver()[0] == "glibc":
         libc = ctypes.CDLL(None)
-        if "MALLOC_MMAP_MAX_" in ours:
-            libc.mallopt(_M_MMAP_MAX, 0)
-        if "MALLOC_TRIM_THRESHOLD_" in ours:
-            libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        for key, value in ours.items():
+            if key in _MALLOPT:
+                libc.mallopt(_MALLOPT[key], value)

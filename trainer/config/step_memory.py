@@ -28,6 +28,7 @@ GiB = 1024**3
 # log-probs, entropy, advantages, returns), about eight 8-byte columns in all.
 ROW_BYTES_PER_TOKEN = 64
 LOGIT_BYTES = 4 * 2  # float32 logits and, in the update, their gradient
+SCORE_LOGIT_BYTES = 4  # a scoring pass's float32 logits, without a gradient
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def step_memory(prompts: int, n: int, prompt_len: int, response_len: int, decode
     rows = prompts * n * length * ROW_BYTES_PER_TOKEN
     if dims is None:
         return StepMemory(rows, 0, 0)
-    logits = max(micro_rows * LOGIT_BYTES, score_rows * LOGIT_BYTES // 2) * response_len * dims.vocab
+    logits = max(micro_rows * LOGIT_BYTES, score_rows * SCORE_LOGIT_BYTES) * response_len * dims.vocab
     kv_cache = decode_rows * length * 2 * dims.layers * dims.kv_dim * dtype_bytes
     return StepMemory(rows, logits, kv_cache)
 
