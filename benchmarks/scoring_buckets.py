@@ -1,4 +1,4 @@
-"""The update's scoring pass (forward and backward of `response_log_probs`) three ways, side by
+"""The update's scoring pass (forward and backward of `response_log_probs`) four ways, side by
 side in one process, rounds alternating:
 
     python benchmarks/scoring_buckets.py --model models/smollm2-135m-instruct [--response 128]
@@ -8,11 +8,14 @@ side in one process, rounds alternating:
            2026-11-26)
   head     one forward, the LM head only where a token is scored (`lm_head.head_at`)
   buckets  rows in length buckets, each forward only as wide as its longest row, and the head
-           only where scored: what `response_log_probs` does now (`logprobs.length_buckets`)
+           only where scored (`logprobs.length_buckets`): what `response_log_probs` does for a
+           model that cannot pack
+  packed   every row's tokens packed into one forward, attention within rows, the head only where
+           scored (`training/packed.py`): what it does for Llama and Qwen2/3 since 2026-11-27
 
 The rows are a GRPO micro-batch: --prompts prompts of 35-45 tokens, each sampled --n times, with
 responses of uniformly random lengths between half of --response and --response. Prints the
-median seconds of each, the ratios, and the buckets chosen. The three give the same log-probs
+median seconds of each, the ratios, and the buckets chosen. All four give the same log-probs
 and gradients (tests/engine/training/test_logprobs.py); this measures only their time.
 """
 
@@ -59,10 +62,12 @@ def main() -> None:
     model = load_causal_lm(a.model, torch.float32)
     batch = rollout(a.prompts, a.n, a.response, model.config.vocab_size)
     mask = batch["response_mask"]
-    can_head_at, overhead = logprobs.can_head_at, dict(logprobs.BUCKET_OVERHEAD_TOKENS)
+    can_head_at, can_pack = logprobs.can_head_at, logprobs.can_pack
+    overhead = dict(logprobs.BUCKET_OVERHEAD_TOKENS)
 
     def use(way: str) -> None:
         logprobs.can_head_at = (lambda forward: False) if way == "whole" else can_head_at
+        logprobs.can_pack = can_pack if way == "packed" else (lambda forward: False)
         logprobs.BUCKET_OVERHEAD_TOKENS.update(overhead if way == "buckets" else {"cpu": 10**9, "cuda": 10**9})
 
     def once() -> float:
@@ -72,7 +77,7 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
-    ways = ["whole", "head", "buckets"]
+    ways = ["whole", "head", "buckets", "packed"]
     times: dict[str, list[float]] = {way: [] for way in ways}
     for way in ways:  # warm-up
         use(way)
@@ -89,6 +94,7 @@ def main() -> None:
         print(f"{way:8} median {statistics.median(times[way]):.3f} s  {[round(t, 3) for t in times[way]]}")
     for way in ways[1:]:
         print(f"whole / {way}: {statistics.median(times['whole']) / statistics.median(times[way]):.2f}x")
+    print(f"buckets / packed: {statistics.median(times['buckets']) / statistics.median(times['packed']):.2f}x")
 
 
 if __name__ == "__main__":

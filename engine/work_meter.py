@@ -105,10 +105,12 @@ def causal_keys(rows: int, positions: int, cached: int) -> int:
 class ModelMeter:
     """The hooks of one model. `cached` is the KV cache length the next forward starts from: set
     by the body's pre-hook from its `past_key_values`, or by a decoder that calls the embedding
-    itself (`fast_decode.FastDecoder`), and used once."""
+    itself (`fast_decode.FastDecoder`), and used once. `keys_next`, where set, is the next
+    forward's attention keys, used once: a packed forward (`training/packed.py`) runs its rows as
+    one sequence, but attends within each row."""
 
     def __init__(self, label: str, body):
-        self.label, self.body, self.cached = label, body, 0
+        self.label, self.body, self.cached, self.keys_next = label, body, 0, None
 
     def on_body(self, module, args, kwargs) -> None:
         past = kwargs.get("past_key_values")
@@ -118,8 +120,8 @@ class ModelMeter:
         ids = args[0]
         positions = ids.shape[-1] if ids.dim() else 1
         rows = ids.numel() // max(1, positions)
-        keys = causal_keys(rows, positions, self.cached)
-        self.cached = 0
+        keys = causal_keys(rows, positions, self.cached) if self.keys_next is None else self.keys_next
+        self.cached, self.keys_next = 0, None
         tokens = rows * positions
         if not torch.is_grad_enabled():
             _add(self.label, 0, tokens, keys, 0)

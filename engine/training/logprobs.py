@@ -26,6 +26,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.lm_head import can_head_at, head_at, logits_kwargs, model_behind
 from hflow.engine.padding import positions
 from hflow.engine.training.lockstep import agreed, several_ranks
+from hflow.engine.training.packed import can_pack, packed_logits
 from hflow.engine.training.token_logprobs import token_log_probs
 
 
@@ -107,13 +108,21 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
         return tuple(a[:, None] if a is not None else None for a in first)
     # Response column t's output scores token t + 1: a row needs its columns up to its last scored one.
     scored = batch[col.RESPONSE_MASK][:, 1:].bool()
+    start = mask[:, :width_p].sum(-1, keepdim=True)
+    if not lockstep and can_pack(forward):
+        row, column = scored.nonzero(as_tuple=True)
+        if not len(row):
+            return _placed([], [], [], (rows, width_r), mask.device, with_entropy, first)
+        logits = packed_logits(forward, responses, last_scored(scored) + 1, start[:, 0], (row, column),
+                               prompt=(cache, groups, prompt_mask))
+        part = token_log_probs(logits, (), responses[row, column + 1], temperature, with_entropy)
+        return _placed([part], [row], [column + 1], (rows, width_r), mask.device, with_entropy, first)
     if lockstep:
         # ZeRO-3 ranks in lockstep run the same forwards: one of every row, the responses but their
         # last column (one column when there is only one), as every rank must.
         buckets = [(torch.arange(rows, device=mask.device), max(1, width_r - 1))]
     else:
         buckets = length_buckets(last_scored(scored) + 1, mask.device)
-    start = mask[:, :width_p].sum(-1, keepdim=True)
     at_rows, at_columns, parts = [], [], []
     for index, width in buckets:
         ids = responses[index, :width]
@@ -251,6 +260,11 @@ def _left_aligned_buckets(forward: Callable, batch: Batch, prompt_lengths: torch
     # A row needs its columns through the one that predicts its last scored token: p + t_last.
     last = last_scored(scored)
     needed = torch.where(last >= 0, prompt_lengths + last, 0)
+    if can_pack(forward) and bool(scored.any()):
+        row, t = scored.nonzero(as_tuple=True)
+        logits = packed_logits(forward, input_ids, needed, torch.zeros_like(needed), (row, prompt_lengths[row] - 1 + t))
+        part = token_log_probs(logits, (), responses[row, t], temperature, with_entropy)
+        return _placed([part], [row], [t], tuple(responses.shape), responses.device, with_entropy)
     at_rows, at_columns, parts = [], [], []
     for index, columns in length_buckets(needed, responses.device):
         row, t = scored[index].nonzero(as_tuple=True)

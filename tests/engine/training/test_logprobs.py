@@ -105,17 +105,22 @@ def reference_rows(model, batch: Batch, temperature: float):
     return log_probs, entropy
 
 
-@pytest.mark.parametrize("share, overhead, head_at", [(True, 10**6, True), (True, 0, True), (True, 0, False),
-                                                    (False, 0, True), (False, 0, False)])
+@pytest.mark.parametrize("share, overhead, head_at, pack", [
+    (True, 0, True, True), (False, 0, True, True),  # rows packed into one sequence (`packed.py`)
+    (True, 10**6, True, False), (True, 0, True, False), (True, 0, False, False),
+    (False, 0, True, False), (False, 0, False, False)])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("holes", [False, True])
 def test_response_log_probs_equal_the_reference_values_and_gradients(tiny_model, monkeypatch, share, overhead,
-                                                                     head_at, temperature, holes):
-    """Shared prompts in one bucket (a huge per-forward cost) or one per response length (none);
-    the LM head on scored positions only or on whole columns; with `holes`, unscored tokens inside
-    the responses (a tool's output in a multi-turn episode) and a row scored on its first token only."""
+                                                                     head_at, pack, temperature, holes):
+    """Rows packed into one forward; or shared prompts in one bucket (a huge per-forward cost) or
+    one per response length (none); the LM head on scored positions only or on whole columns; with
+    `holes`, unscored tokens inside the responses (a tool's output in a multi-turn episode) and a
+    row scored on its first token only."""
     monkeypatch.setattr(token_logprobs, "CPU_CHUNK_VALUES", 4 * 55)  # tiny vocabulary: chunks of 4 tokens
     monkeypatch.setitem(logprobs.BUCKET_OVERHEAD_TOKENS, "cpu", overhead)
+    if not pack:
+        monkeypatch.setattr(logprobs, "can_pack", lambda forward: False)
     if not head_at:
         monkeypatch.setattr(logprobs, "can_head_at", lambda forward: False)
     model, batch = _rollout(tiny_model)
@@ -147,10 +152,13 @@ def test_response_log_probs_equal_the_reference_values_and_gradients(tiny_model,
     torch.testing.assert_close(without, got[0].detach())
 
 
-def test_lm_head_runs_only_where_a_token_is_scored(tiny_model, monkeypatch):
+@pytest.mark.parametrize("pack", [True, False])
+def test_lm_head_runs_only_where_a_token_is_scored(tiny_model, monkeypatch, pack):
     """Computed = needed for the head: one position per scored token (and per prompt's last
     position, which scores its rows' first token), whatever the rows' lengths and holes."""
     monkeypatch.setitem(logprobs.BUCKET_OVERHEAD_TOKENS, "cpu", 0)
+    if not pack:
+        monkeypatch.setattr(logprobs, "can_pack", lambda forward: False)
     model, batch = _rollout(tiny_model)
     batch["response_mask"][1, 2:5] = 0
     positions = []

@@ -1,0 +1,143 @@
+"""Rows packed into one sequence (engine/training/packed.py): the same log-probs and gradients as
+every row run alone (the slow reference), for grouped-query attention and biased projections too,
+through activation checkpointing's recomputation; no token of padding through the model; and a
+model switched to packed attention still runs every other forward as SDPA."""
+
+import pytest
+import torch
+
+from hflow.engine import work_meter
+from hflow.engine.groups.batch import Batch
+from hflow.engine.rollout.assembly import assemble_rollout
+from hflow.engine.training import logprobs, packed
+
+VOCAB = 61
+
+
+def _model(kind: str):
+    """A small random model: Llama with grouped-query attention (4 query heads on 2 key-value
+    heads, as SmolLM2's 9 on 3), or Qwen2 with its biased q, k, v projections."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, attn_implementation="sdpa"))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa"))
+    return model.float()
+
+
+def _batch(share: bool) -> Batch:
+    """3 prompts of 2-6 tokens, each sampled 3 times (share) or once, responses of 1-9 tokens."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (6, 2, 4)]
+    rows = [p for p in prompts for _ in range(3 if share else 1)]
+    lengths = torch.tensor([9, 1, 5, 7, 3, 9, 2, 6, 4][:len(rows)])
+    out = assemble_rollout(rows, torch.randint(3, VOCAB, (len(rows), 9), generator=g), lengths, 0)
+    batch = Batch(out)
+    batch.meta["share_prompts"] = share
+    return batch
+
+
+def _alone(model, batch: Batch) -> torch.Tensor:
+    """(B, R) log-probs of each row run alone and unpadded, zero past its response."""
+    out = torch.zeros(batch["responses"].shape)
+    for row in range(len(batch)):
+        ids = batch["input_ids"][row][batch["attention_mask"][row].bool()][None]
+        n = int(batch["response_mask"][row].sum())
+        logits = model(input_ids=ids).logits[0, -n - 1:-1].float()
+        out[row, :n] = torch.log_softmax(logits, -1).gather(-1, ids[0, -n:, None])[:, 0]
+    return out
+
+
+def _grads(model, log_probs: torch.Tensor, weights: torch.Tensor) -> list[torch.Tensor]:
+    return torch.autograd.grad((log_probs * weights).sum(), [p for p in model.parameters() if p.requires_grad])
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("share", [True, False])
+def test_packed_rows_score_as_each_row_alone(kind, share):
+    model = _model(kind)
+    batch = _batch(share)
+    assert packed.can_pack(model) and logprobs.shares_prompts(model, batch) == share
+    mask = batch["response_mask"].float()
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    want = _alone(model, batch) * mask
+    got, _ = logprobs.response_log_probs(model, batch, 1.0)
+    assert model.config._attn_implementation == packed.PACKED  # the packed path ran
+    torch.testing.assert_close(got * mask, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(_grads(model, got, weights), _grads(model, want, weights)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
+
+
+def test_checkpointing_recomputes_the_packed_attention_in_the_backward():
+    """With activation checkpointing each layer runs again during the backward, after the forward
+    that packed it has returned: the layout travels with the attention mask, so the recomputation
+    attends within rows too (whole rows: prompts are not shared under checkpointing)."""
+    model = _model("llama")
+    batch = _batch(True)
+    weights = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(2))
+    weights *= batch["response_mask"]
+    want = _grads(model, _alone(model, batch), weights)
+    model.gradient_checkpointing_enable()
+    model.train()
+    assert not logprobs.shares_prompts(model, batch)
+    calls = []
+    original = packed.PackedRows.attend
+    packed.PackedRows.attend = lambda self, *args: calls.append(1) or original(self, *args)
+    try:
+        got = _grads(model, logprobs.response_log_probs(model, batch, 1.0)[0], weights)
+    finally:
+        packed.PackedRows.attend = original
+    assert len(calls) == 2 * model.config.num_hidden_layers  # each layer: the forward, then its recomputation
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
+
+
+def test_no_padding_goes_through_the_model():
+    """The body runs the prompts once and each response up to its last scored token's predecessor:
+    the meter counts exactly those tokens, and the attention keys the packed grid computed."""
+    model = _model("llama")
+    batch = _batch(True)
+    meter = work_meter.attach(model, "actor")
+    work_meter.take()
+    with torch.no_grad():
+        logprobs.response_log_probs(model, batch, 1.0)
+    counted = work_meter.take()["other"]["actor"]
+    assert meter is not None
+    mask = batch["attention_mask"]
+    width_p = mask.shape[1] - batch["responses"].shape[1]
+    lengths = batch["response_mask"].sum(-1)
+    prompts = 3 * width_p  # three prompt groups, each run once, left-padded to the widest
+    assert counted["tokens"] == prompts + int((lengths - 1).sum())
+    widest = int(lengths.max()) - 1
+    assert counted["keys"] == work_meter.causal_keys(3, width_p, 0) + work_meter.causal_keys(len(batch), widest, width_p)
+    assert counted["logits"] == 3 + int((lengths - 1).sum())
+
+
+def test_a_model_switched_to_packed_attention_runs_other_forwards_as_sdpa():
+    """After a packed call the model's attention implementation is `hflow_packed`; a forward that is
+    not packed (generation's left-padded prefill, perhaps on another thread) gets SDPA's."""
+    model = _model("llama")
+    batch = _batch(True)
+    kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                  position_ids=batch["position_ids"])
+    with torch.no_grad():
+        before = model(**kwargs).logits
+        logprobs.response_log_probs(model, batch, 1.0)
+        assert model.config._attn_implementation == packed.PACKED
+        after = model(**kwargs).logits
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_only_full_attention_models_on_sdpa_pack():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    assert not packed.can_pack(Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, use_sliding_window=True, sliding_window=4, attn_implementation="sdpa")))
+    eager = _model("llama")
+    eager.config._attn_implementation = "eager"
+    assert not packed.can_pack(eager)
