@@ -100,11 +100,22 @@ class FastDecoder:
         self.meter = work_meter.meter_of(inner.embed_tokens)  # told each step's cache length
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only these rows (finished sequences leave the batch)."""
-        self.keys = [k[rows] for k in self.keys]
-        self.values = [v[rows] for v in self.values]
+        """Keep only these rows, row `rows[j]` in slot j (finished sequences leave the batch). The
+        cache is compacted in place: only the rows whose slot changes are copied, and only the
+        columns filled so far; the buffers keep their capacity (the first len(rows) slots are used)."""
+        moved = (rows != torch.arange(len(rows), device=rows.device)).nonzero().squeeze(-1)
+        source = rows[moved]
+        for buffers in (self.keys, self.values):
+            for i, t in enumerate(buffers):
+                t[moved, :, :self.length] = t[source, :, :self.length]
+                buffers[i] = t[:len(rows)]
         self.attend = self.attend[rows]
         self.next_position = self.next_position[rows]
+
+    @staticmethod
+    def worth_dropping(ended: int, batch: int) -> bool:
+        """At once: a drop copies only the rows that fill the holes (`select`)."""
+        return ended > 0
 
     @staticmethod
     def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -78,6 +78,16 @@ class UniformDraws:
         return torch.searchsorted(cdf, target).squeeze(-1)
 
 
+def kept_in_place(finished: torch.Tensor) -> torch.Tensor:
+    """The unfinished rows of a (B,) `finished` mask, in the batch slots they take once the
+    finished ones leave: a row already among the first (unfinished count) slots keeps its slot,
+    and the rows beyond fill the holes. A decoder then moves only those rows."""
+    keep = (~finished).nonzero().squeeze(-1)
+    order = torch.arange(len(keep), device=finished.device)
+    order[finished[:len(keep)].nonzero().squeeze(-1)] = keep[keep >= len(keep)]
+    return order
+
+
 class ForwardDecoder:
     """Decoding through the model's own forward and transformers' cache (any architecture,
     and ZeRO-3, whose gathering hooks run inside the forward)."""
@@ -88,6 +98,11 @@ class ForwardDecoder:
     def select(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
         self.mask = self.mask[rows]
+
+    @staticmethod
+    def worth_dropping(ended: int, batch: int) -> bool:
+        """Once the finished rows are a quarter of the batch: each drop copies the whole cache."""
+        return ended * 4 >= batch
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
@@ -103,9 +118,10 @@ class GenerationCancelled(Exception):
 
 
 class HFGenerator:
-    """Finished rows stay in the decoding batch, fed padding, until they are a quarter of it;
-    then they are dropped together (each drop copies the KV cache, so one per row would cost
-    more than it saves on small batches). Nothing in a generation is collective: under ZeRO-3 the
+    """Finished rows leave the decoding batch when their decoder finds it worth the copy: the lean
+    step's (`fast_decode.FastDecoder`) at once (it moves only the rows that fill the holes), the
+    plain forward's once they are a quarter of the batch (transformers' cache copies every row);
+    until then they are fed padding. Nothing in a generation is collective: under ZeRO-3 the
     actor generates on whole weights gathered once (`gathered_generator.py`), so each rank stops
     when its own rows are done."""
 
@@ -189,9 +205,9 @@ class HFGenerator:
             if t + 1 == params.max_new_tokens or ended == len(done):
                 break
             finished = done if ended else None
-            if finished is not None and self._compact(ended, len(done)):
+            if finished is not None and decoder.worth_dropping(ended, len(done)):
                 # Finished sequences leave the batch: their cache rows are dropped.
-                keep = (~finished).nonzero().squeeze(-1)
+                keep = kept_in_place(finished)
                 decoder.select(keep)
                 active, chosen, finished, compacted = active[keep], chosen[keep], None, True
             logits = decoder.step(chosen)
@@ -200,12 +216,6 @@ class HFGenerator:
     def _raise_if_cancelled(self, token: int) -> None:
         if self.cancel is not None and self.cancel.is_set():
             raise GenerationCancelled(f"generation cancelled at token {token}")
-
-    @staticmethod
-    def _compact(ended: int, batch: int) -> bool:
-        """Whether to drop the finished rows now: once they are a quarter of the batch (each
-        drop copies the KV cache); all of them never (the generation is then over)."""
-        return ended < batch and ended * 4 >= batch
 
     def _collect(self, prompts, n, rows: int, max_new: int, record):
         """The recorded steps as (rows, max_new) tokens, log-probs and entropies, written at once."""

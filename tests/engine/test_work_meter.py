@@ -105,15 +105,16 @@ def test_work_counts_under_the_worker_method_running(model):
     assert work_meter.take() == {}  # taken: counting starts again from zero
 
 
-def _decode_rows(lengths: list[int], max_new: int) -> list[int]:
-    """Rows fed to each decoding step, as the hf engine runs them: a finished row stays in the batch,
-    fed padding, until the finished rows are a quarter of it (`HFGenerator._compact`)."""
-    batch, live, fed = list(range(len(lengths))), set(range(len(lengths))), []
+def _decode_rows(lengths: list[int], max_new: int, at_once: bool) -> list[int]:
+    """Rows fed to each decoding step, as the hf engine runs them: a finished row leaves the batch
+    at once (the lean step, `at_once`) or stays, fed padding, until the finished rows are a quarter
+    of it (the plain forward's `ForwardDecoder.worth_dropping`)."""
+    batch, fed = list(range(len(lengths))), []
     for t in range(max_new):
         done = {row for row in batch if lengths[row] <= t + 1}
         if t + 1 == max_new or done == set(batch):
             return fed
-        if len(done) * 4 >= len(batch):
+        if done and (at_once or len(done) * 4 >= len(batch)):
             batch = [row for row in batch if row not in done]
         fed.append(len(batch))
     return fed
@@ -122,7 +123,8 @@ def _decode_rows(lengths: list[int], max_new: int) -> list[int]:
 @pytest.mark.parametrize("fast", [True, False])
 def test_generation_counts_every_decoding_step_of_every_row_in_the_batch(model, fast):
     """The lean decoding step (fast_decode.py) calls the embedding itself: it counts as the plain
-    forward does, and rows that finished but were not dropped yet are counted (real waste)."""
+    forward does. It drops a finished row at once: computed = needed; the plain forward keeps
+    finished rows until they are a quarter of the batch, and they are counted (real waste)."""
     prompts, n, max_new = [[5, 6, 7], [8, 9]], 4, 8
     eos = [9]  # with this seed one row of the random tiny model ends early (at 5 tokens of 8)
     generator = HFGenerator(model, eos, 0, batch_size=64, fast=fast)
@@ -130,7 +132,7 @@ def test_generation_counts_every_decoding_step_of_every_row_in_the_batch(model, 
     with work_meter.working_on("generate"):
         out = generator.generate(prompts, n, SamplingParams(max_new), torch.Generator().manual_seed(0))
     lengths = out["response_mask"].sum(-1).tolist()
-    fed = _decode_rows(lengths, max_new)
+    fed = _decode_rows(lengths, max_new, at_once=fast)
     counts = _counts("generate")
     # One prefill per prompt (2 x 3 columns, the shorter left-padded), then one position per row per step.
     assert counts["tokens"] == 2 * 3 + sum(fed)
@@ -138,4 +140,8 @@ def test_generation_counts_every_decoding_step_of_every_row_in_the_batch(model, 
     # each decoding step k attends to the 3 prompt columns and k + 1 generated ones
     assert counts["keys"] == 2 * (1 + 2 + 3) + sum(rows * (3 + k + 1) for k, rows in enumerate(fed))
     assert min(lengths) < max(lengths)  # some rows ended early ...
-    assert sum(fed) > sum(max(0, r - 1) for r in lengths)  # ... and their steps in the batch show as waste
+    needed = sum(max(0, r - 1) for r in lengths)
+    if fast:  # ... and left the batch at once: no step of a finished row
+        assert sum(fed) == needed
+    else:  # ... and their steps in the batch show as waste
+        assert sum(fed) > needed
