@@ -26,6 +26,11 @@ SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
 # faster (2-8 rows; equal at 12). Measured at SmolLM2's and the 27M model's shapes, 2 threads
 # (docs/benchmarks.md). A GPU always takes `weight @ x`: one product, no copy.
 WEIGHT_LEFT_FROM_ROWS = 12
+# On a CPU, `weight @ x` products of a decoding step run fast at multiples of 8 rows and up to 1.7x
+# slower in between: SmolLM2's 210 products of a step took 53 ms at 32 rows, 89 at 31, 76 at 29-30,
+# 49 at 24, 75 at 23 (cache cold, 2 threads, AVX-512, 2026-11-27: MKL splits the rows between its
+# threads, and some remainders take a slow path). The batch keeps finished rows to such a count.
+CPU_ROW_MULTIPLE = 8
 # On a CPU the LM head's `weight @ x` runs in slices of this many vocabulary rows, each turned to
 # (rows, slice) while it is still in cache: 25-30 ms a step at SmolLM2's 49,152 x 576 head and
 # 32 rows, against 34-38 ms for one product and a transposing copy of its (vocabulary, rows)
@@ -112,10 +117,13 @@ class FastDecoder:
         self.attend = self.attend[rows]
         self.next_position = self.next_position[rows]
 
-    @staticmethod
-    def worth_dropping(ended: int, batch: int) -> bool:
-        """At once: a drop copies only the rows that fill the holes (`select`)."""
-        return ended > 0
+    def batch_rows(self, live: int, batch: int) -> int:
+        """Rows to keep decoding when `live` of `batch` are unfinished: the live ones (a drop copies
+        only the rows that fill the holes, `select`), on a CPU from `WEIGHT_LEFT_FROM_ROWS` up
+        rounded up to a multiple of `CPU_ROW_MULTIPLE` (finished rows kept, fed padding)."""
+        if self.weight_left or live < WEIGHT_LEFT_FROM_ROWS:
+            return live
+        return min(batch, -(-live // CPU_ROW_MULTIPLE) * CPU_ROW_MULTIPLE)
 
     @staticmethod
     def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -78,14 +78,20 @@ class UniformDraws:
         return torch.searchsorted(cdf, target).squeeze(-1)
 
 
-def kept_in_place(finished: torch.Tensor) -> torch.Tensor:
-    """The unfinished rows of a (B,) `finished` mask, in the batch slots they take once the
-    finished ones leave: a row already among the first (unfinished count) slots keeps its slot,
-    and the rows beyond fill the holes. A decoder then moves only those rows."""
-    keep = (~finished).nonzero().squeeze(-1)
-    order = torch.arange(len(keep), device=finished.device)
-    order[finished[:len(keep)].nonzero().squeeze(-1)] = keep[keep >= len(keep)]
+def kept_in_place(leaving: torch.Tensor) -> torch.Tensor:
+    """The rows of a (B,) `leaving` mask that stay, in the batch slots they take once the others
+    leave: a row already among the first (staying count) slots keeps its slot, and the rows
+    beyond fill the holes. A decoder then moves only those rows."""
+    keep = (~leaving).nonzero().squeeze(-1)
+    order = torch.arange(len(keep), device=leaving.device)
+    order[leaving[:len(keep)].nonzero().squeeze(-1)] = keep[keep >= len(keep)]
     return order
+
+
+def last_finished(finished: torch.Tensor, count: int) -> torch.Tensor:
+    """(B,) mask of the `count` finished rows in the highest slots (the fewest rows then move)."""
+    slots = finished.nonzero().squeeze(-1)
+    return torch.zeros_like(finished).index_fill_(0, slots[len(slots) - count:], True)
 
 
 class ForwardDecoder:
@@ -100,9 +106,10 @@ class ForwardDecoder:
         self.mask = self.mask[rows]
 
     @staticmethod
-    def worth_dropping(ended: int, batch: int) -> bool:
-        """Once the finished rows are a quarter of the batch: each drop copies the whole cache."""
-        return ended * 4 >= batch
+    def batch_rows(live: int, batch: int) -> int:
+        """Rows to keep decoding: all until the finished ones are a quarter of the batch (each drop
+        copies the whole cache), then only the live ones."""
+        return live if (batch - live) * 4 >= batch else batch
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
@@ -118,10 +125,11 @@ class GenerationCancelled(Exception):
 
 
 class HFGenerator:
-    """Finished rows leave the decoding batch when their decoder finds it worth the copy: the lean
-    step's (`fast_decode.FastDecoder`) at once (it moves only the rows that fill the holes), the
-    plain forward's once they are a quarter of the batch (transformers' cache copies every row);
-    until then they are fed padding. Nothing in a generation is collective: under ZeRO-3 the
+    """Finished rows leave the decoding batch as their decoder says (`batch_rows`): the lean step
+    (`fast_decode.FastDecoder`) keeps the batch at a row count its products run fast at (it moves
+    only the rows that fill the holes), the plain forward drops them once they are a quarter of
+    the batch (transformers' cache copies every row). Rows kept after they finished are fed
+    padding. Nothing in a generation is collective: under ZeRO-3 the
     actor generates on whole weights gathered once (`gathered_generator.py`), so each rank stops
     when its own rows are done."""
 
@@ -205,11 +213,13 @@ class HFGenerator:
             if t + 1 == params.max_new_tokens or ended == len(done):
                 break
             finished = done if ended else None
-            if finished is not None and decoder.worth_dropping(ended, len(done)):
+            leave = 0 if finished is None else len(done) - decoder.batch_rows(len(done) - ended, len(done))
+            if leave:
                 # Finished sequences leave the batch: their cache rows are dropped.
-                keep = kept_in_place(finished)
+                keep = kept_in_place(finished if leave == ended else last_finished(finished, leave))
                 decoder.select(keep)
-                active, chosen, finished, compacted = active[keep], chosen[keep], None, True
+                active, chosen, compacted = active[keep], chosen[keep], True
+                finished = finished[keep] if leave < ended else None
             logits = decoder.step(chosen)
         return self._collect(prompts, n, rows, params.max_new_tokens, record)
 

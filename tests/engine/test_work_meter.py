@@ -107,8 +107,8 @@ def test_work_counts_under_the_worker_method_running(model):
 
 def _decode_rows(lengths: list[int], max_new: int, at_once: bool) -> list[int]:
     """Rows fed to each decoding step, as the hf engine runs them: a finished row leaves the batch
-    at once (the lean step, `at_once`) or stays, fed padding, until the finished rows are a quarter
-    of it (the plain forward's `ForwardDecoder.worth_dropping`)."""
+    at once (the lean step below 12 rows, `at_once`) or stays, fed padding, until the finished rows
+    are a quarter of it (the plain forward's `ForwardDecoder.batch_rows`)."""
     batch, fed = list(range(len(lengths))), []
     for t in range(max_new):
         done = {row for row in batch if lengths[row] <= t + 1}

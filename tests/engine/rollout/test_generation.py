@@ -181,3 +181,30 @@ def test_prefill_computes_the_last_position_s_logits_only(tiny_model):
     assert whole_calls[0] == {"positions": width, "logits": width, "logits_to_keep": None}
     assert torch.equal(kept["responses"], whole["responses"])
     torch.testing.assert_close(kept["rollout_log_probs"], whole["rollout_log_probs"], rtol=1e-5, atol=1e-6)
+
+
+def test_finished_rows_leave_a_cpu_batch_down_to_a_multiple_of_8_rows(tiny_model, monkeypatch):
+    """32 rows of which some end at every step: from 12 rows up the lean step keeps its batch at a
+    multiple of 8 rows (finished rows fed padding until enough have ended), below 12 only the live
+    rows; the samples and log-probs are the plain forward's, which drops rows a quarter at a time."""
+    from hflow.engine.rollout.fast_decode import FastDecoder
+
+    tok, model, engine = _engine(tiny_model, batch_size=64)
+    eos = tok("aeiou", add_special_tokens=False).input_ids  # common letters: rows end at many lengths
+    fast = HFGenerator(model, eos, tok.pad_token_id, 64)
+    slow = HFGenerator(model, eos, tok.pad_token_id, 64, fast=False)
+    fed = []
+    step = FastDecoder.step
+    monkeypatch.setattr(FastDecoder, "step", lambda self, tokens: fed.append(len(tokens)) or step(self, tokens))
+    prompts = [tok(f"count {k}: ", add_special_tokens=False).input_ids for k in range(8)]
+    params = SamplingParams(max_new_tokens=24)
+    a = fast.generate(prompts, 4, params, torch.Generator().manual_seed(2))
+    b = slow.generate(prompts, 4, params, torch.Generator().manual_seed(2))
+    assert torch.equal(a["responses"], b["responses"])
+    torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
+    lengths = a["response_mask"].sum(-1)
+    live = [int((lengths > t + 1).sum()) for t in range(len(fed))]  # rows not finished after token t + 1
+    assert fed[0] == 32 and any(rows < 12 for rows in fed)
+    for rows, unfinished in zip(fed, live):
+        assert rows == (unfinished if unfinished < 12 else min(32, -(-unfinished // 8) * 8))
+    assert any(rows > unfinished for rows, unfinished in zip(fed, live))  # some finished rows were kept
