@@ -4,8 +4,8 @@ Importing it sets how idle OpenMP threads wait (`cpu_threads.py`) and how host m
 between passes (`host_memory.py`), before torch is loaded.
 """
 
-from hflow.cli.cpu_threads import wait_passively
+from hflow.cli.cpu_threads import spin_briefly
 from hflow.cli.host_memory import keep_host_memory
 
-wait_passively()
+spin_briefly()
 keep_host_memory()

@@ -1,12 +1,13 @@
 """How many threads torch's CPU kernels use in a local run's process, chosen before each step.
 
-`cli/cpu_threads.py` makes idle OpenMP threads sleep at once, so that a busy machine cannot make
-them spin on cores they do not get. Three measured rules (docs/benchmarks.md, "A busy machine") choose how
+`cli/cpu_threads.py` makes idle OpenMP threads sleep after a short spin, so that a busy machine cannot
+make them spin long on cores they do not get. Three measured rules (docs/benchmarks.md, "A busy machine") choose how
 many threads there are:
 
 - **A model under 1M parameters runs on one thread.** Its matrix products are too small to
   split, and each parallel region wakes a sleeping thread: on the 2-core development machine
-  the tiny model's step (16 prompts x 4, 64 tokens) took 0.41 s on two threads, 0.17 s on one.
+  the tiny model's step (16 prompts x 4, 64 tokens) took 0.41 s on two threads, 0.17 s on one
+  (threads that slept at once, 2026-11-24).
 - **Otherwise the process takes the cores other processes left free** during the previous
   step (the machine's busy time on the process's CPUs, less the process's own), at least one
   thread and at most the count it started with. A parallel region waits for its slowest

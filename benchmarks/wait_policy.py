@@ -1,0 +1,91 @@
+"""How OpenMP's idle threads wait, measured on generation: a recipe's rollouts under each policy,
+each in its own process (libgomp reads the policy once, at start), policies alternating in rounds,
+with --busy K spinning processes beside every run or none.
+
+    python benchmarks/wait_policy.py [--recipe grpo/smollm2-arithmetic] [--policies default,passive,spin1000]
+                                     [--rounds 2] [--busy 0] [--threads 2]
+
+Policies: `default` (libgomp's own spin, about 300,000 iterations), `passive` (OMP_WAIT_POLICY=PASSIVE:
+threads sleep at once), `spinN` (GOMP_SPINCOUNT=N). Each run generates the recipe's first four
+prompt batches (n samples each, its response length) with the hf engine and prints the median
+seconds of the last three; `cli/cpu_threads.py` chose its spin from these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CHILD = "--child"
+
+
+def policy_env(policy: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if policy == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    elif policy.startswith("spin"):
+        env["GOMP_SPINCOUNT"] = policy.removeprefix("spin")
+    elif policy != "default":
+        sys.exit(f"--policies: unknown policy '{policy}' (default, passive or spinN)")
+    return env
+
+
+def child(recipe_name: str, threads: int) -> None:
+    import torch
+
+    from hflow.engine.models.loading import eos_token_ids, load_causal_lm, load_tokenizer
+    from hflow.engine.rollout.generation import HFGenerator, SamplingParams
+    from hflow.trainer.config.load import load_recipe
+    from hflow.trainer.data.prompts import PromptData
+
+    torch.set_num_threads(threads)
+    recipe, _ = load_recipe(recipe_name, [])
+    tokenizer = load_tokenizer(recipe.model.path)
+    data = PromptData(recipe.data, tokenizer, recipe.seed, recipe.trainer.prompts_per_step)
+    model = load_causal_lm(recipe.model.path, torch.float32).eval()
+    generator = HFGenerator(model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, recipe.rollout.batch_size)
+    params = SamplingParams(recipe.rollout.max_response_length, temperature=recipe.rollout.temperature)
+    times = []
+    for step in range(1, 5):
+        start = time.perf_counter()
+        generator.generate(data.batch(step)["prompt_ids"], recipe.rollout.n, params, torch.Generator().manual_seed(step))
+        times.append(time.perf_counter() - start)
+    print(statistics.median(times[1:]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="grpo/smollm2-arithmetic")
+    parser.add_argument("--policies", default="default,passive,spin1000")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--busy", type=int, default=0, help="spinning processes beside every run")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(CHILD, action="store_true", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.child:
+        return child(a.recipe, a.threads)
+    policies = a.policies.split(",")
+    for policy in policies:
+        policy_env(policy)  # an unknown name stops here, before any run
+    seconds: dict[str, list[float]] = {p: [] for p in policies}
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
+    try:
+        for i in range(a.rounds):
+            for policy in policies if i % 2 == 0 else policies[::-1]:
+                done = subprocess.run([sys.executable, __file__, CHILD, "--recipe", a.recipe, "--threads", str(a.threads)],
+                                      env=policy_env(policy), capture_output=True, text=True, check=True)
+                seconds[policy].append(float(done.stdout.split()[-1]))
+    finally:
+        for p in busy:
+            p.kill()
+    print(f"{a.recipe}: generation seconds, {a.threads} threads, {a.busy} busy processes beside")
+    for policy, values in seconds.items():
+        print(f"{policy:10} median {statistics.median(values):.3f} s  rounds {[round(v, 3) for v in values]}")
+
+
+if __name__ == "__main__":
+    main()
