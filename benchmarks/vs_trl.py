@@ -4,7 +4,7 @@
     python benchmarks/vs_trl.py [--sizes tiny | small,medium,base] [--tokenizer char|bpe] [--model DIR]
                                 [--steps 12] [--rounds 2] [--engine hf|vllm] [--prompts 16] [--max-new 64[,256,...]]
                                 [--n 4[,16,...]] [--warmup 2] [--threads N] [--busy K] [--device cpu|cuda]
-                                [--checkpointing defaults|on|off] [--trl-host-memory on|off] [--json]
+                                [--checkpointing defaults|on|off] [--trl-host-memory on|off] [--kl 0.04] [--json]
 
 Both train the same model (a locally built Llama of each --sizes entry: tiny 0.1M, small 3.4M,
 medium 27M, base 85M parameters, with the character tokenizer or a 512-token byte-level BPE trained
@@ -12,8 +12,9 @@ here; or the Hugging Face directory --model) on the same prompts (the synthetic 
 matching settings: --prompts prompts x --n samples per step, responses up to --max-new tokens
 (comma-separated lists of --max-new and --n scan every pair: how the cost grows with long responses
 and large groups), temperature 1, one optimizer step per RL step, no KL term (TRL's default beta =
-0), activation recomputation as each framework defaults (TRL's on, hflow's off; --checkpointing
-on|off sets both alike: the fair comparison of memory), fp32 on the CPU (bf16 on a GPU: --device),
+0; --kl C gives both a frozen reference model and the KL penalty C: hflow's `grpo.kl_coef`, TRL's
+`beta`), activation recomputation as each framework defaults (TRL's on, hflow's off;
+--checkpointing on|off sets both alike: the fair comparison of memory), fp32 on the CPU (bf16 on a GPU: --device),
 --threads torch threads (default: torch's own count). hflow runs as users run it, `hflow train` in
 its own process (with the command's CPU thread and host-memory settings, `cli/cpu_threads.py`,
 `cli/host_memory.py`); TRL runs in its own process with its defaults and, unless
@@ -73,7 +74,7 @@ def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
     sets = [
         f"model.path={model_dir}", "model.init=null", f"trainer.total_steps={a.steps}", "trainer.save_every=0",
         f"trainer.prompts_per_step={a.prompts}", f"rollout.n={a.n}", f"rollout.max_response_length={a.max_new}",
-        "grpo.kl_coef=0", f"actor.lr={a.lr}", f"actor.mini_batch_size={a.prompts * a.n}",
+        f"grpo.kl_coef={a.kl}", f"actor.lr={a.lr}", f"actor.mini_batch_size={a.prompts * a.n}",
         f"actor.micro_batch_size={a.prompts * a.n}", "logging.samples_per_step=0", "logging.progress=lines",
         f"rollout.engine={engine}", f"model.dtype={'bfloat16' if a.device == 'cuda' else 'float32'}",
         f"model.gradient_checkpointing={'true' if a.checkpointing == 'on' else 'false'}",
@@ -136,7 +137,7 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
     clock = StepClock()
     config = GRPOConfig(
         output_dir=a.out, per_device_train_batch_size=a.prompts * a.n, num_generations=a.n,
-        max_completion_length=a.max_new, learning_rate=a.lr, max_steps=a.steps, beta=0.0, temperature=1.0,
+        max_completion_length=a.max_new, learning_rate=a.lr, max_steps=a.steps, beta=a.kl, temperature=1.0,
         num_iterations=1, gradient_accumulation_steps=1, steps_per_generation=1, logging_steps=1,
         report_to="none", save_strategy="no", use_cpu=a.device == "cpu", bf16=a.device == "cuda",
         shuffle_dataset=False, gradient_checkpointing=a.checkpointing != "off",
@@ -230,7 +231,7 @@ def one_run(name: str, model_dir: Path, out: str, a: argparse.Namespace, env: di
     else:
         cmd = [sys.executable, __file__, "--run", "trl", "--model", str(model_dir), "--out", out,
                *[f"--{k}={getattr(a, k.replace('-', '_'))}"
-                 for k in ("steps", "prompts", "max-new", "n", "warmup", "lr", "device", "checkpointing")]]
+                 for k in ("steps", "prompts", "max-new", "n", "warmup", "lr", "device", "checkpointing", "kl")]]
     with Busy(a.busy):
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if done.returncode != 0:
@@ -262,10 +263,13 @@ def scan_size(label: str, model_dir: Path, tmp: str, a: argparse.Namespace, env:
     return out
 
 
+TRL_PHASES = {False: ("generate", "update_actor"), True: ("generate", "reference", "update_actor")}
+
+
 def accounts(model_dir: str, a: argparse.Namespace, steps: dict) -> dict:
     """hflow's efficiency account of its steps, and TRL's step against the same limit: the needed
-    work of its own rows (generation and the update: TRL at num_iterations=1 and beta=0 makes no
-    other pass) over the same peaks."""
+    work of its own rows (generation, the reference's scoring with --kl, and the update: TRL at
+    num_iterations=1 makes no other pass) over the same peaks."""
     import torch
 
     from hflow.trainer.config.load import load_recipe
@@ -283,7 +287,7 @@ def accounts(model_dir: str, a: argparse.Namespace, steps: dict) -> dict:
     for rows in steps["trl"]["rows"]:
         lengths = torch.tensor(rows)
         step_rows = StepRows(lengths[:, 0], lengths[:, 1], torch.arange(len(rows)) // a.n)
-        needs = {phase: phase_needs(phase, "actor", shape, step_rows, recipe) for phase in ("generate", "update_actor")}
+        needs = {phase: phase_needs(phase, "actor", shape, step_rows, recipe) for phase in TRL_PHASES[a.kl > 0]}
         flops.append(sum(f for f, _ in needs.values()))
         limits.append(sum(max(f / hflow["phases"][phase]["peak_flops_per_s"], b / bandwidth)
                           for phase, (f, b) in needs.items()))
@@ -308,6 +312,8 @@ def main() -> None:
     parser.add_argument("--max-new", default="64", help="most new tokens per response; a comma list scans them")
     parser.add_argument("--n", default="4", help="samples per prompt (GRPO's group); a comma list scans them")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--kl", type=float, default=0.0,
+                        help="KL penalty against a frozen reference (hflow's grpo.kl_coef, TRL's beta); 0: none")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     parser.add_argument("--checkpointing", default="defaults", choices=["defaults", "on", "off"],
                         help="activation recomputation: each framework's default (TRL's GRPOConfig recomputes, "
