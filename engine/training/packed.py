@@ -23,14 +23,12 @@ right attention, whatever thread they run on.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from hflow.engine import work_meter
 from hflow.engine.lm_head import can_head_at, head_at, model_behind
@@ -44,6 +42,8 @@ _switch = threading.Lock()
 
 
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     layout = getattr(attention_mask, LAYOUT_ATTR, None)
     if layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -51,8 +51,15 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     return layout.attend(module.layer_idx, query, key, value, dropout, scaling), None
 
 
-AttentionInterface.register(PACKED, _attention)
-AttentionMaskInterface.register(PACKED, sdpa_mask)
+@functools.cache
+def _register() -> None:
+    """`hflow_packed` in transformers' attention and mask interfaces, once, when a model first packs
+    (importing them loads transformers' modeling code, which a model's loading does anyway)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PACKED, _attention)
+    AttentionMaskInterface.register(PACKED, sdpa_mask)
 
 
 def can_pack(forward) -> bool:
@@ -127,6 +134,7 @@ def packed_logits(forward, ids: torch.Tensor, widths: torch.Tensor, start: torch
     setattr(sentinel, LAYOUT_ATTR, layout)
     model = model_behind(forward)
     if model.config._attn_implementation != PACKED:
+        _register()
         with _switch:
             model.config._attn_implementation = PACKED
     meter = work_meter.meter_of(model.get_input_embeddings())
