@@ -7,11 +7,10 @@ team mate needs, and every parallel region waits for the thread the scheduler pa
 on the 2-core development machine, the quickstart's 0.21 s step took 0.5-1.3 s beside one busy
 process and 7-21 s beside two. Threads that sleep at once (`OMP_WAIT_POLICY=PASSIVE`, hflow's
 setting until 2026-11-27) cost a wake-up at every region instead: SmolLM2's decoding step runs
-about 240 regions a token, and its generation took 5.1-5.3 s against 3.6-3.7 with the default
-spin. A spin of `SPIN_COUNT` iterations (tens of microseconds: the gap between two regions of one
-step) keeps nearly all of the idle speed (4.0-4.2 s) and bounds the cost beside a busy process
-(8.4-8.9 s against 6.9-7.6 passive and 13 with the default spin; docs/benchmarks.md, "A busy
-machine"). The setting is read once, when the OpenMP runtime starts, so it must be in the
+about 240 regions a token, and its generation took 5.41 s against 3.99 with the default spin.
+A spin of `SPIN_COUNT` iterations (tens of microseconds: the gap between two regions of one step)
+keeps the idle speed (4.01 s) and bounds the cost beside a busy process (8.77 s against 7.07
+passive and 13.96 with the default spin; `benchmarks/wait_policy.py`, docs/benchmarks.md). The setting is read once, when the OpenMP runtime starts, so it must be in the
 environment before torch is imported; workers hflow starts (Ray actors, `torch.distributed`
 ranks) inherit it. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins. How many threads a local
 run uses, step by step, is `trainer/placement/cpu_share.py`'s choice (a small model gets one).

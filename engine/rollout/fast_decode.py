@@ -27,9 +27,10 @@ SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
 # (docs/benchmarks.md). A GPU always takes `weight @ x`: one product, no copy.
 WEIGHT_LEFT_FROM_ROWS = 12
 # On a CPU, `weight @ x` products of a decoding step run fast at multiples of 8 rows and up to 1.7x
-# slower in between: SmolLM2's 210 products of a step took 53 ms at 32 rows, 89 at 31, 76 at 29-30,
-# 49 at 24, 75 at 23 (cache cold, 2 threads, AVX-512, 2026-11-27: MKL splits the rows between its
-# threads, and some remainders take a slow path). The batch keeps finished rows to such a count.
+# slower in between: SmolLM2's 210 products of a step took 50.6 ms at 32 rows, 85.1 at 31, 72.5-73.7
+# at 29-30, 48.5 at 24, 73.6 at 23, 34.0 at 16 (cache cold, 2 threads, AVX-512, 2026-11-27,
+# benchmarks/decode_rows.py: MKL splits the rows between its threads, and some remainders take a
+# slow path). The batch keeps finished rows to such a count.
 CPU_ROW_MULTIPLE = 8
 # On a CPU the LM head's `weight @ x` runs in slices of this many vocabulary rows, each turned to
 # (rows, slice) while it is still in cache: 25-30 ms a step at SmolLM2's 49,152 x 576 head and

@@ -216,7 +216,7 @@ class HFGenerator:
             leave = 0 if finished is None else len(done) - decoder.batch_rows(len(done) - ended, len(done))
             if leave:
                 # Finished sequences leave the batch: their cache rows are dropped.
-                keep = kept_in_place(finished if leave == ended else last_finished(finished, leave))
+                keep = kept_in_place(last_finished(finished, leave))
                 decoder.select(keep)
                 active, chosen, compacted = active[keep], chosen[keep], True
                 finished = finished[keep] if leave < ended else None

@@ -24,7 +24,6 @@ right attention, whatever thread they run on.
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -38,28 +37,30 @@ LAYOUT_ATTR = "_hflow_packed_rows"  # on a packed call's attention mask: its Pac
 # Causal LMs whose attention modules call the attention interface with (B, heads, T, head_dim)
 # queries, keys and values after their rotary embedding, and use `layer_idx` (transformers').
 PACKABLE_MODELS = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
-_switch = threading.Lock()
-
-
-def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    layout = getattr(attention_mask, LAYOUT_ATTR, None)
-    if layout is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    return layout.attend(module.layer_idx, query, key, value, dropout, scaling), None
 
 
 @functools.cache
-def _register() -> None:
-    """`hflow_packed` in transformers' attention and mask interfaces, once, when a model first packs
-    (importing them loads transformers' modeling code, which a model's loading does anyway)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+def _registered() -> bool:
+    """`hflow_packed` in transformers' attention and mask interfaces, once, when a model first asks
+    (importing them loads transformers' modeling code, which a model's loading does anyway); False
+    where this transformers has no such interfaces."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:
+        return False
 
-    AttentionInterface.register(PACKED, _attention)
+    def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+        layout = getattr(attention_mask, LAYOUT_ATTR, None)
+        if layout is None:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        return layout.attend(module.layer_idx, query, key, value, dropout, scaling), None
+
+    AttentionInterface.register(PACKED, attention)
     AttentionMaskInterface.register(PACKED, sdpa_mask)
+    return True
 
 
 def can_pack(forward) -> bool:
@@ -71,7 +72,7 @@ def can_pack(forward) -> bool:
         return False
     if getattr(config, "use_sliding_window", False):
         return False
-    return config._attn_implementation in ("sdpa", PACKED)
+    return config._attn_implementation in ("sdpa", PACKED) and _registered()
 
 
 @dataclass
@@ -133,10 +134,7 @@ def packed_logits(forward, ids: torch.Tensor, widths: torch.Tensor, start: torch
     sentinel = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=ids.device)
     setattr(sentinel, LAYOUT_ATTR, layout)
     model = model_behind(forward)
-    if model.config._attn_implementation != PACKED:
-        _register()
-        with _switch:
-            model.config._attn_implementation = PACKED
+    model.config._attn_implementation = PACKED
     meter = work_meter.meter_of(model.get_input_embeddings())
     if meter is not None:
         meter.keys_next = layout.computed_keys
