@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
+from hflow.engine.cpu_products import route_linears
 from hflow.engine.models.folder import ACCEPTED, folder_problem
 from hflow.engine.models.tiny_shapes import TINY_SHAPES
 from hflow.errors import UserError
@@ -142,7 +143,8 @@ def _load_tokenizer(path: str, trust_remote_code: bool, _stamp: int | None):
 
 
 def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = False):
-    """A causal LM from a local directory, in `dtype`, in eval-free training mode."""
+    """A causal LM from a local directory, in `dtype`, in eval-free training mode, its linear layers
+    routed to the faster CPU products (`cpu_products.route_linears`)."""
     from transformers import AutoModelForCausalLM
 
     check_model_source(path, "model", tokenizer=False)
@@ -152,6 +154,7 @@ def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = Fals
         )
     except OSError as err:
         raise UserError(f"model '{path}': cannot load ({str(err).splitlines()[0]})") from None
+    route_linears(model)
     return model
 
 

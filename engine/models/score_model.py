@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hflow.engine.cpu_products import route_linears
 from hflow.engine.models.loading import check_model_source
 from hflow.errors import UserError
 
@@ -91,8 +92,10 @@ def load_score_model(path: str, dtype: torch.dtype, trust_remote_code: bool = Fa
         if is_score_checkpoint(path):
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 path, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
+            route_linears(model)
             return _from_classifier(model, info, path, what)
         backbone = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        route_linears(backbone)
     except OSError as err:
         raise UserError(f"{what} '{path}': cannot load ({str(err).splitlines()[0]})") from None
     hidden = backbone.config.hidden_size

@@ -5,7 +5,8 @@ From each step's `work/<phase>/*` keys (`account.py`) and `timing/<phase>`, medi
 steps, and two peaks measured here, on the run's device in the run's dtype:
   - the matrix-product rate (FLOP/s) at the phase's own shape, (tokens, hidden) x (hidden, ffn):
     a decode batch's rows for generation, a micro-batch's tokens for scoring and the update
-    (thin products run well below the large-matrix rate, which is reported too);
+    (thin products run well below the large-matrix rate, which is reported too); on a CPU the
+    faster of torch's BLAS and oneDNN (`engine/cpu_products.py`), whichever the run used;
   - the memory bandwidth (bytes/s) of a large tensor copy.
 limit = max(needed FLOPs / FLOP/s, needed bytes / bandwidth) (the roofline, Williams et al. 2009);
 share = limit / measured time: 1 would be the machine's best at that shape, so 1 - share is what
@@ -22,6 +23,7 @@ import time
 
 import torch
 
+from hflow.engine.cpu_products import onednn_available, product
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.models.loading import resolve_dtype
 from hflow.mapper import memory
@@ -63,21 +65,29 @@ def _sync(device: torch.device):
 
 
 def matmul_rate(m: int, k: int, n: int, device: torch.device, dtype: torch.dtype) -> float:
-    """FLOP/s of an (m, k) x (k, n) matrix product (2 m k n per product). On a CPU the better of
-    torch's thread count and one thread: a small product on several threads waits at every
-    parallel region for a core another process holds (a shared machine), one thread never does."""
+    """FLOP/s of an (m, k) x (k, n) matrix product (2 m k n per product): the machine's best. On a
+    CPU the best of torch's BLAS and oneDNN (`engine/cpu_products.py`: whichever the run uses, the
+    limit is the faster), each on torch's thread count and on one thread (a small product on
+    several threads waits at every parallel region for a core another process holds, a shared
+    machine; one thread never does)."""
     a = torch.randn(max(1, m), k, device=device, dtype=dtype)
     b = torch.randn(k, n, device=device, dtype=dtype)
     flops = 2.0 * max(1, m) * k * n
-    rate = timed_rate(lambda: a @ b, flops, sync=_sync(device))
+    if device.type != "cpu":
+        return timed_rate(lambda: a @ b, flops, sync=_sync(device))
+    ways = [lambda: a @ b]
+    if dtype == torch.float32 and onednn_available():
+        weight = b.t().contiguous()
+        ways.append(lambda: product(a, weight))
     threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1:
-        return rate
-    torch.set_num_threads(1)
-    try:
-        return max(rate, timed_rate(lambda: a @ b, flops))
-    finally:
-        torch.set_num_threads(threads)
+    rates = [timed_rate(way, flops) for way in ways]
+    if threads > 1:
+        torch.set_num_threads(1)
+        try:
+            rates += [timed_rate(way, flops) for way in ways]
+        finally:
+            torch.set_num_threads(threads)
+    return max(rates)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28) -> float:

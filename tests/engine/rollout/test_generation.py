@@ -56,8 +56,9 @@ def test_filter_logits_top_k_and_top_p():
     assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
 
 
-def test_fast_decoding_step_matches_the_transformers_forward(tiny_model):
-    """The lean decoding path against transformers' forward: same samples, same log-probs."""
+def test_fast_decoding_step_matches_the_transformers_forward(tiny_model, cpu_products):
+    """The lean decoding path against transformers' forward: same samples, same log-probs, with
+    the BLAS's products and with oneDNN's."""
     tok, model, engine = _engine(tiny_model, batch_size=8)
     slow = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, 8, fast=False)
     assert engine.fast and not slow.fast
@@ -71,11 +72,11 @@ def test_fast_decoding_step_matches_the_transformers_forward(tiny_model):
 
 @pytest.mark.parametrize("rows", [2, WEIGHT_LEFT_FROM_ROWS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dtype, rows, monkeypatch):
+def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dtype, rows, monkeypatch, cpu_products):
     """A Qwen2-shaped model (q/k/v biases, 2 key-value heads for 4 query heads, tied head) on
     left-padded prompts: each lean step's logits are the forward's, in float32 and bfloat16, with
-    the products as `F.linear` (few rows) and as `weight @ x` (many, the head in vocabulary slices
-    of 40, 40 and 17 rows)."""
+    the BLAS's products as `F.linear` (few rows) and as `weight @ x` (many, the head in vocabulary
+    slices of 40, 40 and 17 rows), and with oneDNN's (float32)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from hflow.engine.padding import positions
@@ -183,10 +184,11 @@ def test_prefill_computes_the_last_position_s_logits_only(tiny_model):
     torch.testing.assert_close(kept["rollout_log_probs"], whole["rollout_log_probs"], rtol=1e-5, atol=1e-6)
 
 
-def test_finished_rows_leave_a_cpu_batch_down_to_a_multiple_of_8_rows(tiny_model, monkeypatch):
-    """32 rows of which some end at every step: from 12 rows up the lean step keeps its batch at a
-    multiple of 8 rows (finished rows fed padding until enough have ended), below 12 only the live
-    rows; the samples and log-probs are the plain forward's, which drops rows a quarter at a time."""
+def test_finished_rows_leave_a_cpu_batch_as_its_products_run_fastest(tiny_model, monkeypatch, cpu_products):
+    """32 rows of which some end at every step. With the BLAS's products, from 12 rows up the lean
+    step keeps its batch at a multiple of 8 rows (finished rows fed padding until enough have
+    ended), below 12 only the live rows; with oneDNN's, only the live rows at every step. The
+    samples and log-probs are the plain forward's, which drops rows a quarter at a time."""
     from hflow.engine.rollout.fast_decode import FastDecoder
 
     tok, model, engine = _engine(tiny_model, batch_size=64)
@@ -204,6 +206,9 @@ def test_finished_rows_leave_a_cpu_batch_down_to_a_multiple_of_8_rows(tiny_model
     torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
     lengths = a["response_mask"].sum(-1)
     live = [int((lengths > t + 1).sum()) for t in range(len(fed))]  # rows not finished after token t + 1
+    if cpu_products == "onednn":
+        assert fed == live and any(rows < 12 for rows in fed) and any(rows % 8 for rows in fed)
+        return
     assert fed[0] == 32 and any(rows < 12 for rows in fed)
     for rows, unfinished in zip(fed, live):
         assert rows == (unfinished if unfinished < 12 else min(32, -(-unfinished // 8) * 8))

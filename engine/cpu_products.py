@@ -1,0 +1,138 @@
+"""Matrix products on a CPU: oneDNN's kernels where they are faster than the BLAS torch calls.
+
+torch runs a float32 `F.linear` or `mm` on a CPU through its BLAS (MKL in the x86 wheels). On
+some CPUs that BLAS runs well below the machine: on the 2-core AMD EPYC (AVX-512) that develops
+hflow, MKL's products ran at 223-233 GFLOP/s and oneDNN's (also inside torch, the library its
+compiler uses) at 496-525 on the same (4,096 x 576) x (576 x 1,536) float32 products, forward and
+both backward products alike; 1.7x at a decoding step's 32 rows (`benchmarks/cpu_products.py`).
+Both compute in float32 (no reduced-precision arithmetic): they differ only in summation order,
+about 1e-6 of the result.
+
+So every `nn.Linear` of a model hflow loads becomes a `RoutedLinear` (`route_linears`): on a CPU
+in float32 its forward and backward products run through `product` when oneDNN is the faster here,
+and through `F.linear` otherwise (a GPU, bfloat16, ZeRO-3's partitioned weights, whose gathering
+DeepSpeed ties to `F.linear`). The lean decoding step calls `product` itself.
+
+Which is faster is measured once per process on a product of a typical shape, both ways
+(`onednn_chosen`); oneDNN is taken only when clearly faster (`MARGIN`), so that processes of one
+run agree. `HFLOW_CPU_PRODUCTS=onednn|blas` decides instead (`auto`, the default, measures).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hflow.errors import UserError
+
+ENV = "HFLOW_CPU_PRODUCTS"
+CHOICES = ("auto", "onednn", "blas")
+# oneDNN is chosen when its product takes at most this share of the BLAS's time: measured 0.45 on
+# the development machine; a CPU where the two are close keeps the BLAS (and the same choice in
+# every process of a run, measured apart).
+MARGIN = 0.8
+
+
+class ProductChoiceError(UserError):
+    """HFLOW_CPU_PRODUCTS names no choice."""
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (rows, in) @ weight (out, in)^T (+ bias) by oneDNN: (rows, out). Either operand may be a
+    transposed view (oneDNN reads the strides)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def blas_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+@functools.cache
+def onednn_chosen() -> bool:
+    """Whether this process runs its CPU float32 products through oneDNN (see the module docstring)."""
+    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ProductChoiceError(f"environment {ENV}={os.environ[ENV]!r}: accepted values are {', '.join(CHOICES)}")
+    if choice == "blas" or not onednn_available():
+        return False
+    return choice == "onednn" or faster_by(product, blas_product) <= MARGIN
+
+
+def faster_by(candidate, reference, rows: int = 256, size: int = 1024) -> float:
+    """candidate's best time over reference's on a (rows, size) x (size, size) float32 product,
+    rounds alternating."""
+    x, weight = torch.randn(rows, size), torch.randn(size, size)
+    best = {candidate: float("inf"), reference: float("inf")}
+    for f in best:
+        f(x, weight)  # first calls: kernels built, memory touched
+    for _ in range(5):
+        for f in best:
+            start = time.perf_counter()
+            f(x, weight)
+            best[f] = min(best[f], time.perf_counter() - start)
+    return best[candidate] / best[reference]
+
+
+def routes(weight: torch.Tensor) -> bool:
+    """Whether a product with this weight runs through oneDNN here."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and not hasattr(weight, "ds_id")
+            and onednn_chosen())
+
+
+class _Linear(torch.autograd.Function):
+    """F.linear with its three products through oneDNN: y = x W^T + b, dx = dy W, dW = dy^T x."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        rows = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(rows, weight)
+        ctx.input_shape, ctx.has_bias = x.shape, bias is not None
+        return product(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, weight = ctx.saved_tensors
+        grad = grad.reshape(-1, grad.shape[-1])
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = product(grad, weight.t()).view(ctx.input_shape)
+        if ctx.needs_input_grad[1]:
+            dw = product(grad.t(), rows.t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = grad.sum(0)
+        return dx, dw, db
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, its products through oneDNN where `routes` says so."""
+    if not routes(weight) or x.dtype != torch.float32:
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return _Linear.apply(x, weight, bias)
+    return product(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+class RoutedLinear(nn.Linear):
+    """An nn.Linear whose forward is `linear` (the same parameters, hooks and state dict)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def route_linears(model: nn.Module) -> int:
+    """Make every plain nn.Linear of `model` a RoutedLinear, in place; returns how many."""
+    count = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = RoutedLinear
+            count += 1
+    return count

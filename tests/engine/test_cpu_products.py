@@ -1,0 +1,149 @@
+"""CPU products through oneDNN (`engine/cpu_products.py`) against torch's own, in float64."""
+
+import pytest
+import torch
+from torch import nn
+
+from hflow.engine import cpu_products
+from hflow.engine.cpu_products import ProductChoiceError, RoutedLinear, linear, route_linears, routes
+from hflow.errors import UserError
+
+needs_onednn = pytest.mark.skipif(not cpu_products.onednn_available(), reason="this torch has no oneDNN")
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().double() - b.detach()).abs().max() / b.detach().abs().max())
+
+
+@pytest.fixture
+def onednn(monkeypatch):
+    monkeypatch.setenv(cpu_products.ENV, "onednn")
+    cpu_products.onednn_chosen.cache_clear()
+    yield
+    cpu_products.onednn_chosen.cache_clear()
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_three_products_of_a_linear_layer_match_float64(onednn, bias):
+    """y = x W^T + b and the gradients of x, W and b, for a (2, 7, 48) input: within float32's
+    rounding of the float64 results, as close as torch's own float32 products."""
+    torch.manual_seed(0)
+    x64 = torch.randn(2, 7, 48, dtype=torch.float64, requires_grad=True)
+    w64 = (torch.randn(40, 48, dtype=torch.float64) * 0.1).requires_grad_()
+    b64 = torch.randn(40, dtype=torch.float64, requires_grad=True) if bias else None
+    grad = torch.randn(2, 7, 40, dtype=torch.float64)
+    ref = torch.nn.functional.linear(x64, w64, b64)
+    ref.backward(grad)
+    leaves = [t for t in (x64, w64, b64) if t is not None]
+    x, w, b = (None if t is None else t.detach().float().requires_grad_() for t in (x64, w64, b64))
+    out = linear(x, w, b)
+    assert routes(w) and out.grad_fn is not None and "Linear" in type(out.grad_fn).__name__
+    out.backward(grad.float())
+    assert _relative(out, ref) < 1e-5
+    for got, want in zip([t for t in (x, w, b) if t is not None], leaves):
+        assert got.grad.shape == want.shape and _relative(got.grad, want.grad) < 1e-5
+
+
+@needs_onednn
+def test_a_frozen_weight_gets_no_gradient_and_no_grad_calls_build_no_graph(onednn):
+    """A LoRA base layer: the input's gradient only. Under no_grad: the same values, no graph."""
+    torch.manual_seed(1)
+    x = torch.randn(5, 16, requires_grad=True)
+    w = torch.randn(8, 16)
+    linear(x, w).sum().backward()
+    torch.testing.assert_close(x.grad, w.sum(0).expand(5, 16), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        out = linear(x, w)
+    assert out.grad_fn is None
+    torch.testing.assert_close(out, x.detach() @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_route_linears_keeps_parameters_and_matches_the_plain_layers(onednn):
+    """Plain nn.Linear layers become RoutedLinear (subclasses are left alone), with the same
+    parameters and state dict, and compute what they computed before."""
+    class Head(nn.Linear):
+        pass
+
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(12, 20), nn.ReLU(), nn.Linear(20, 6, bias=False), Head(6, 1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(9, 12)
+    expected = model(x)
+    assert route_linears(model) == 2
+    assert [type(m).__name__ for m in model] == ["RoutedLinear", "ReLU", "RoutedLinear", "Head"]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_products_stay_torch_s_where_onednn_does_not_apply(onednn):
+    """bfloat16 weights and ZeRO-3's partitioned parameters (`ds_id`) keep F.linear: the same bits."""
+    assert routes(torch.randn(4, 4)) == cpu_products.onednn_available()
+    layer = RoutedLinear(16, 8).bfloat16()
+    x = torch.randn(3, 16).bfloat16()
+    assert not routes(layer.weight)
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+    partitioned = nn.Parameter(torch.randn(4, 4))
+    partitioned.ds_id = 0
+    assert not routes(partitioned)
+
+
+def test_a_bad_choice_is_one_line_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(cpu_products.ENV, "mkl")
+    cpu_products.onednn_chosen.cache_clear()
+    try:
+        with pytest.raises(ProductChoiceError) as err:
+            cpu_products.onednn_chosen()
+    finally:
+        cpu_products.onednn_chosen.cache_clear()
+    assert isinstance(err.value, UserError)
+    assert str(err.value) == "environment HFLOW_CPU_PRODUCTS='mkl': accepted values are auto, onednn, blas"
+
+
+def test_blas_is_kept_when_asked(monkeypatch):
+    monkeypatch.setenv(cpu_products.ENV, "blas")
+    cpu_products.onednn_chosen.cache_clear()
+    try:
+        assert not routes(torch.randn(4, 4))
+    finally:
+        cpu_products.onednn_chosen.cache_clear()
+
+
+def _train_three_steps(tiny_model, choice: str, monkeypatch) -> tuple[list[float], torch.Tensor, int]:
+    """(losses, trained LM head, oneDNN products run)."""
+    from hflow.engine.models.loading import load_causal_lm
+
+    calls = []
+    product = cpu_products.product
+    monkeypatch.setattr(cpu_products, "product", lambda *args: calls.append(1) or product(*args))
+    monkeypatch.setenv(cpu_products.ENV, choice)
+    cpu_products.onednn_chosen.cache_clear()
+    torch.manual_seed(3)
+    model = load_causal_lm(str(tiny_model), torch.float32)
+    assert routes(model.lm_head.weight) == (choice == "onednn")
+    ids = torch.randint(3, model.config.vocab_size, (4, 24), generator=torch.Generator().manual_seed(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # (AdamW's first steps are the gradients' signs)
+    losses = []
+    for _ in range(3):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+    cpu_products.onednn_chosen.cache_clear()
+    return losses, model.lm_head.weight.detach(), len(calls)
+
+
+@needs_onednn
+def test_training_a_tiny_llama_through_onednn_follows_the_blas_run(tiny_model, monkeypatch):
+    """Three SGD steps on a tiny Llama loaded as hflow loads models: the loss falls, and every
+    step's loss and the trained head agree between oneDNN's products and the BLAS's."""
+    blas_losses, blas_head, none = _train_three_steps(tiny_model, "blas", monkeypatch)
+    dnn_losses, dnn_head, products = _train_three_steps(tiny_model, "onednn", monkeypatch)
+    # 15 layers' forward, input-gradient and weight-gradient products in each step (the embedding
+    # is a lookup; the first layer's input needs no gradient)
+    assert none == 0 and products >= 3 * 15 * 2
+    assert dnn_losses[-1] < dnn_losses[0] - 0.1
+    assert dnn_losses == pytest.approx(blas_losses, rel=1e-4)
+    torch.testing.assert_close(dnn_head, blas_head, rtol=1e-3, atol=1e-4)
