@@ -2,9 +2,11 @@
 
 torch runs a float32 `F.linear` or `mm` on a CPU through its BLAS (MKL in the x86 wheels). On
 some CPUs that BLAS runs well below the machine: on the 2-core AMD EPYC (AVX-512) that develops
-hflow, MKL's products ran at 223-233 GFLOP/s and oneDNN's (also inside torch, the library its
-compiler uses) at 496-525 on the same (4,096 x 576) x (576 x 1,536) float32 products, forward and
-both backward products alike; 1.7x at a decoding step's 32 rows (`benchmarks/cpu_products.py`).
+hflow, MKL's products ran at 217-233 GFLOP/s and oneDNN's (also inside torch, the library its
+compiler uses) at 486-525 on the same (4,096 x 576) x (576 x 1,536) float32 forward and
+input-gradient products, 365-380 on the weight gradient; a decoding step's products at 12-32 rows
+ran 1.4-1.9x faster, 2.0-2.8x with the weights reordered for the rows (`packed`); measured by
+`benchmarks/cpu_products.py` (2026-11-27).
 Both compute in float32 (no reduced-precision arithmetic): they differ only in summation order,
 about 1e-6 of the result.
 
@@ -52,6 +54,14 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def packed(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """`weight` (out, in) reordered into oneDNN's blocked layout for products of about `rows` rows:
+    a copy, which `product` reads faster at a decoding step's rows (SmolLM2's 210 products of a
+    step: 15.3-25.7 ms at 12-32 rows against 22.3-31.8 on the plain weights,
+    `benchmarks/cpu_products.py`)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+
+
 def blas_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return F.linear(x, weight, bias)
 
@@ -93,18 +103,20 @@ class _Linear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        rows = x.reshape(-1, x.shape[-1])
-        ctx.save_for_backward(rows, weight)
-        ctx.input_shape, ctx.has_bias = x.shape, bias is not None
-        return product(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        # The input itself is saved, as F.linear saves it: a non-contiguous one is copied into rows
+        # only while a product needs them.
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return product(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
-        rows, weight = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
+        rows = x.reshape(-1, x.shape[-1])
         grad = grad.reshape(-1, grad.shape[-1])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = product(grad, weight.t()).view(ctx.input_shape)
+            dx = product(grad, weight.t()).view(x.shape)
         if ctx.needs_input_grad[1]:
             dw = product(grad.t(), rows.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -116,7 +128,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear, its products through oneDNN where `routes` says so."""
     if not routes(weight) or x.dtype != torch.float32:
         return F.linear(x, weight, bias)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+    tracked = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and tracked:
         return _Linear.apply(x, weight, bias)
     return product(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 

@@ -10,7 +10,9 @@ parameters). The prefill still runs through transformers; its cache is copied in
 
 On a CPU in float32 the attention is written out as two matmuls and a softmax: for one
 query token that is faster than `scaled_dot_product_attention`'s kernel; elsewhere (GPU,
-bfloat16) the fused kernel is used.
+bfloat16) the fused kernel is used. Where oneDNN's products beat torch's BLAS on this CPU
+(`cpu_products.py`), the projections and the head run through oneDNN on weights reordered for the
+batch; the constants below are for the BLAS's products.
 """
 
 from __future__ import annotations
@@ -19,22 +21,22 @@ import torch
 import torch.nn.functional as F
 
 from hflow.engine import work_meter
-from hflow.engine.cpu_products import product, routes
+from hflow.engine.cpu_products import packed, product, routes
 
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
-# From this many rows up, a CPU's (MKL's) float32 product runs faster as `weight @ x` than as
-# `F.linear(x, weight)` (1.3-2.8x at 16-32 rows); below, `F.linear` on rows made contiguous is 2-3x
-# faster (2-8 rows; equal at 12). Measured at SmolLM2's and the 27M model's shapes, 2 threads
+# With torch's BLAS: from this many rows up, a CPU's (MKL's) float32 product runs faster as
+# `weight @ x` than as `F.linear(x, weight)` (1.3-2.8x at 16-32 rows); below, `F.linear` on rows
+# made contiguous is 2-3x faster (2-8 rows; equal at 12). Measured at SmolLM2's and the 27M model's shapes, 2 threads
 # (docs/benchmarks.md). A GPU always takes `weight @ x`: one product, no copy.
 WEIGHT_LEFT_FROM_ROWS = 12
-# On a CPU, `weight @ x` products of a decoding step run fast at multiples of 8 rows and up to 1.7x
-# slower in between: SmolLM2's 210 products of a step took 50.6 ms at 32 rows, 85.1 at 31, 72.5-73.7
+# On a CPU, the BLAS's `weight @ x` products of a decoding step run fast at multiples of 8 rows and
+# up to 1.7x slower in between: SmolLM2's 210 products of a step took 50.6 ms at 32 rows, 85.1 at 31, 72.5-73.7
 # at 29-30, 48.5 at 24, 73.6 at 23, 34.0 at 16 (cache cold, 2 threads, AVX-512, 2026-11-27,
 # benchmarks/decode_rows.py: MKL splits the rows between its threads, and some remainders take a
 # slow path). The batch keeps finished rows to such a count.
 CPU_ROW_MULTIPLE = 8
-# On a CPU the LM head's `weight @ x` runs in slices of this many vocabulary rows, each turned to
-# (rows, slice) while it is still in cache: 25-30 ms a step at SmolLM2's 49,152 x 576 head and
+# On a CPU the BLAS's LM head `weight @ x` runs in slices of this many vocabulary rows, each turned
+# to (rows, slice) while it is still in cache: 25-30 ms a step at SmolLM2's 49,152 x 576 head and
 # 32 rows, against 34-38 ms for one product and a transposing copy of its (vocabulary, rows)
 # result (cache cold, as in a decoding step; slices of 1,024-4,096 alike: benchmarks/decode_head.py).
 HEAD_SLICE_ROWS = 2048
@@ -104,8 +106,15 @@ class FastDecoder:
         cos, sin = inner.rotary_emb(probe, torch.arange(capacity, device=device)[None])
         self.cos, self.sin = cos[0], sin[0]  # (capacity, head_dim)
         # The layers' own parameters (references, not copies), read once instead of through
-        # module attribute lookups and calls at every step.
+        # module attribute lookups and calls at every step; with oneDNN's products, reordered
+        # into its layout for the batch's rows (a copy of the weights while the batch decodes).
         self.weights = [LayerWeights(layer) for layer in inner.layers]
+        self.head_weight = model.lm_head.weight
+        if self.onednn:
+            rows = mask.shape[0]
+            for w in self.weights:
+                w.pack(rows)
+            self.head_weight = packed(self.head_weight, rows)
         self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
         self.meter = work_meter.meter_of(inner.embed_tokens)  # told each step's cache length
 
@@ -195,7 +204,7 @@ class FastDecoder:
         head = self.model.lm_head
         if self.meter is not None:
             self.meter.on_head(head, (h.t(),), None)  # the head runs below, not through its module
-        return self._head(head.weight, h, head.bias)
+        return self._head(self.head_weight, h, head.bias)
 
     def _head(self, weight: torch.Tensor, h: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The logits (B, vocab) in float32, contiguous, from h (hidden, B): on a CPU from
@@ -224,3 +233,8 @@ class LayerWeights:
         self.o, self.o_bias = attn.o_proj.weight, attn.o_proj.bias
         self.scale = attn.scaling
         self.gate, self.up, self.down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
+
+    def pack(self, rows: int) -> None:
+        """The seven matrices in oneDNN's layout for products of `rows` rows (`cpu_products.packed`)."""
+        for name in ("q", "k", "v", "o", "gate", "up", "down"):
+            setattr(self, name, packed(getattr(self, name), rows))

@@ -24,10 +24,11 @@ def onednn(monkeypatch):
 
 
 @needs_onednn
+@pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_three_products_of_a_linear_layer_match_float64(onednn, bias):
-    """y = x W^T + b and the gradients of x, W and b, for a (2, 7, 48) input: within float32's
-    rounding of the float64 results, as close as torch's own float32 products."""
+def test_the_three_products_of_a_linear_layer_match_float64(onednn, bias, contiguous):
+    """y = x W^T + b and the gradients of x, W and b, for a (2, 7, 48) input, contiguous or a
+    transposed view: within float32's rounding of the float64 results."""
     torch.manual_seed(0)
     x64 = torch.randn(2, 7, 48, dtype=torch.float64, requires_grad=True)
     w64 = (torch.randn(40, 48, dtype=torch.float64) * 0.1).requires_grad_()
@@ -37,6 +38,9 @@ def test_the_three_products_of_a_linear_layer_match_float64(onednn, bias):
     ref.backward(grad)
     leaves = [t for t in (x64, w64, b64) if t is not None]
     x, w, b = (None if t is None else t.detach().float().requires_grad_() for t in (x64, w64, b64))
+    if not contiguous:
+        x = x.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()
+        assert not x.is_contiguous()
     out = linear(x, w, b)
     assert routes(w) and out.grad_fn is not None and "Linear" in type(out.grad_fn).__name__
     out.backward(grad.float())
