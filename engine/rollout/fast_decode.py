@@ -26,12 +26,12 @@ from hflow.engine.cpu_products import packed, product, routes
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
 # With torch's BLAS: from this many rows up, a CPU's (MKL's) float32 product runs faster as
 # `weight @ x` than as `F.linear(x, weight)` (1.3-2.8x at 16-32 rows); below, `F.linear` on rows
-# made contiguous is 2-3x faster (2-8 rows; equal at 12). Measured at SmolLM2's and the 27M model's shapes, 2 threads
-# (docs/benchmarks.md). A GPU always takes `weight @ x`: one product, no copy.
+# made contiguous is 2-3x faster (2-8 rows; equal at 12). Measured at SmolLM2's and the 27M
+# model's shapes, 2 threads (docs/benchmarks.md). A GPU always takes `weight @ x`: one product.
 WEIGHT_LEFT_FROM_ROWS = 12
 # On a CPU, the BLAS's `weight @ x` products of a decoding step run fast at multiples of 8 rows and
-# up to 1.7x slower in between: SmolLM2's 210 products of a step took 50.6 ms at 32 rows, 85.1 at 31, 72.5-73.7
-# at 29-30, 48.5 at 24, 73.6 at 23, 34.0 at 16 (cache cold, 2 threads, AVX-512, 2026-11-27,
+# up to 1.7x slower in between: SmolLM2's 210 products of a step took 50.6 ms at 32 rows, 85.1 at
+# 31, 72.5-73.7 at 29-30, 48.5 at 24, 73.6 at 23, 34.0 at 16 (cache cold, 2 threads, AVX-512, 2026-11-27,
 # benchmarks/decode_rows.py: MKL splits the rows between its threads, and some remainders take a
 # slow path). The batch keeps finished rows to such a count.
 CPU_ROW_MULTIPLE = 8
@@ -87,7 +87,8 @@ class FastDecoder:
         self.manual = device.type == "cpu" and dtype == torch.float32
         self.weight_left = device.type != "cpu"  # else by the batch's rows (`_linear`)
         # oneDNN's products where they beat the BLAS here (`cpu_products.py`): F.linear's layout,
-        # no row-count effects (12 to 32 rows of SmolLM2's step: 21 to 31 ms, smoothly).
+        # no row-count steps (SmolLM2's 210 products: 22 to 32 ms at 12 to 32 rows, smoothly,
+        # benchmarks/cpu_products.py).
         self.onednn = routes(inner.layers[0].self_attn.q_proj.weight)
         pad = torch.zeros(mask.shape[0], capacity, dtype=torch.bool, device=device)
         pad[:, :self.length] = mask == 0
