@@ -62,10 +62,6 @@ def packed(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
 
 
-def blas_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
-
-
 @functools.cache
 def onednn_chosen() -> bool:
     """Whether this process runs its CPU float32 products through oneDNN (see the module docstring)."""
@@ -74,7 +70,7 @@ def onednn_chosen() -> bool:
         raise ProductChoiceError(f"environment {ENV}={os.environ[ENV]!r}: accepted values are {', '.join(CHOICES)}")
     if choice == "blas" or not onednn_available():
         return False
-    return choice == "onednn" or faster_by(product, blas_product) <= MARGIN
+    return choice == "onednn" or faster_by(product, F.linear) <= MARGIN
 
 
 def faster_by(candidate, reference, rows: int = 256, size: int = 1024) -> float:
@@ -92,6 +88,11 @@ def faster_by(candidate, reference, rows: int = 256, size: int = 1024) -> float:
     return best[candidate] / best[reference]
 
 
+def _rows_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`product` of an input of any leading shape (..., in): (..., out)."""
+    return product(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
 def routes(weight: torch.Tensor) -> bool:
     """Whether a product with this weight runs through oneDNN here."""
     return (weight.device.type == "cpu" and weight.dtype == torch.float32 and not hasattr(weight, "ds_id")
@@ -107,7 +108,7 @@ class _Linear(torch.autograd.Function):
         # only while a product needs them.
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return product(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return _rows_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -131,7 +132,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     tracked = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     if torch.is_grad_enabled() and tracked:
         return _Linear.apply(x, weight, bias)
-    return product(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return _rows_product(x, weight, bias)
 
 
 class RoutedLinear(nn.Linear):

@@ -127,11 +127,11 @@ def bwrap():
 def cpu_products(request, monkeypatch):
     """Each test run once with its CPU float32 products through the BLAS and once through oneDNN
     (`engine/cpu_products.py`; skipped where torch has no oneDNN). Yields the choice."""
+    from helpers import choose_cpu_products
+
     from hflow.engine import cpu_products
 
     if request.param == "onednn" and not cpu_products.onednn_available():
         pytest.skip("this torch has no oneDNN")
-    monkeypatch.setenv(cpu_products.ENV, request.param)
-    cpu_products.onednn_chosen.cache_clear()
-    yield request.param
-    cpu_products.onednn_chosen.cache_clear()
+    choose_cpu_products(monkeypatch, request.param)
+    return request.param

@@ -145,3 +145,14 @@ def assert_same_events(want: list[dict], got: list[dict], not_compared: tuple[st
         compared = [k for k in a if not k.startswith(not_compared)]
         assert all(k in compared for k in required), (required, compared)
         assert {k: b[k] for k in compared} == {k: a[k] for k in compared}, a["step"]
+
+
+def choose_cpu_products(monkeypatch, choice: str) -> None:
+    """This test's CPU products through `choice` (HFLOW_CPU_PRODUCTS), decided afresh: a new cache
+    of `cpu_products.onednn_chosen` for the test, the process's own back after it."""
+    import functools
+
+    from hflow.engine import cpu_products
+
+    monkeypatch.setenv(cpu_products.ENV, choice)
+    monkeypatch.setattr(cpu_products, "onednn_chosen", functools.cache(cpu_products.onednn_chosen.__wrapped__))

@@ -210,10 +210,8 @@ class FastDecoder:
     def _head(self, weight: torch.Tensor, h: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The logits (B, vocab) in float32, contiguous, from h (hidden, B): on a CPU from
         `WEIGHT_LEFT_FROM_ROWS` rows up, slice by slice of the vocabulary (`HEAD_SLICE_ROWS`), unless
-        oneDNN runs it (one product, already (B, vocab))."""
-        if self.onednn:
-            return product(h.t().contiguous(), weight, bias)
-        if self.weight_left or bias is not None or h.shape[1] < WEIGHT_LEFT_FROM_ROWS:
+        oneDNN runs it (one product, whose rows come back (B, vocab) already)."""
+        if self.weight_left or self.onednn or bias is not None or h.shape[1] < WEIGHT_LEFT_FROM_ROWS:
             return self._linear(weight, h, bias).t().float().contiguous()
         logits = h.new_empty(h.shape[1], weight.shape[0], dtype=torch.float32)
         for start in range(0, weight.shape[0], HEAD_SLICE_ROWS):

@@ -7,6 +7,7 @@ from torch import nn
 from hflow.engine import cpu_products
 from hflow.engine.cpu_products import ProductChoiceError, RoutedLinear, linear, route_linears, routes
 from hflow.errors import UserError
+from helpers import choose_cpu_products
 
 needs_onednn = pytest.mark.skipif(not cpu_products.onednn_available(), reason="this torch has no oneDNN")
 
@@ -17,10 +18,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.fixture
 def onednn(monkeypatch):
-    monkeypatch.setenv(cpu_products.ENV, "onednn")
-    cpu_products.onednn_chosen.cache_clear()
-    yield
-    cpu_products.onednn_chosen.cache_clear()
+    choose_cpu_products(monkeypatch, "onednn")
 
 
 @needs_onednn
@@ -94,24 +92,16 @@ def test_products_stay_torch_s_where_onednn_does_not_apply(onednn):
 
 
 def test_a_bad_choice_is_one_line_naming_the_variable(monkeypatch):
-    monkeypatch.setenv(cpu_products.ENV, "mkl")
-    cpu_products.onednn_chosen.cache_clear()
-    try:
-        with pytest.raises(ProductChoiceError) as err:
-            cpu_products.onednn_chosen()
-    finally:
-        cpu_products.onednn_chosen.cache_clear()
+    choose_cpu_products(monkeypatch, "mkl")
+    with pytest.raises(ProductChoiceError) as err:
+        cpu_products.onednn_chosen()
     assert isinstance(err.value, UserError)
     assert str(err.value) == "environment HFLOW_CPU_PRODUCTS='mkl': accepted values are auto, onednn, blas"
 
 
 def test_blas_is_kept_when_asked(monkeypatch):
-    monkeypatch.setenv(cpu_products.ENV, "blas")
-    cpu_products.onednn_chosen.cache_clear()
-    try:
-        assert not routes(torch.randn(4, 4))
-    finally:
-        cpu_products.onednn_chosen.cache_clear()
+    choose_cpu_products(monkeypatch, "blas")
+    assert not routes(torch.randn(4, 4))
 
 
 def _train_three_steps(tiny_model, choice: str, monkeypatch) -> tuple[list[float], torch.Tensor, int]:
@@ -121,8 +111,7 @@ def _train_three_steps(tiny_model, choice: str, monkeypatch) -> tuple[list[float
     calls = []
     product = cpu_products.product
     monkeypatch.setattr(cpu_products, "product", lambda *args: calls.append(1) or product(*args))
-    monkeypatch.setenv(cpu_products.ENV, choice)
-    cpu_products.onednn_chosen.cache_clear()
+    choose_cpu_products(monkeypatch, choice)
     torch.manual_seed(3)
     model = load_causal_lm(str(tiny_model), torch.float32)
     assert routes(model.lm_head.weight) == (choice == "onednn")
@@ -135,7 +124,6 @@ def _train_three_steps(tiny_model, choice: str, monkeypatch) -> tuple[list[float
         optimizer.step()
         optimizer.zero_grad()
         losses.append(float(loss))
-    cpu_products.onednn_chosen.cache_clear()
     return losses, model.lm_head.weight.detach(), len(calls)
 
 
