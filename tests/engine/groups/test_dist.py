@@ -194,3 +194,19 @@ def test_the_process_group_starts_on_the_ranks_gpu(monkeypatch):
 @pytest.mark.gpu
 def test_auto_is_the_gpu_where_cuda_works():
     assert dist.pick_device("auto") == torch.device("cuda")
+
+
+def test_the_process_group_is_torn_down_before_the_interpreter_exits():
+    """A group alive at exit leaks its communicators (NCCL warns on every GPU run): the group that
+    ensure_process_group starts is destroyed at exit. atexit runs its handlers last-registered
+    first, so a handler registered before the group started sees the state after the teardown."""
+    pytest.importorskip("deepspeed")
+    code = ("import atexit, torch, torch.distributed as d\n"
+            "atexit.register(lambda: print('alive at exit:', d.is_initialized()))\n"
+            "from hflow.engine.groups.dist import ensure_process_group\n"
+            "ensure_process_group(torch.device('cpu'))\n"
+            "print('alive after start:', d.is_initialized())\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DS_ACCELERATOR": "cpu"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == ["alive after start: True", "alive at exit: False"]
