@@ -1,5 +1,10 @@
 """CPU products through oneDNN (`engine/cpu_products.py`) against torch's own, in float64."""
 
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -123,7 +128,7 @@ def _train_three_steps(tiny_model, choice: str, monkeypatch) -> tuple[list[float
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, model.lm_head.weight.detach(), len(calls)
 
 
@@ -139,3 +144,38 @@ def test_training_a_tiny_llama_through_onednn_follows_the_blas_run(tiny_model, m
     assert dnn_losses[-1] < dnn_losses[0] - 0.1
     assert dnn_losses == pytest.approx(blas_losses, rel=1e-4)
     torch.testing.assert_close(dnn_head, blas_head, rtol=1e-3, atol=1e-4)
+
+
+GROWTH = """
+import ctypes, torch
+from hflow.engine.cpu_products import product
+libc = ctypes.CDLL(None)
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc.mallinfo2.restype = Info
+torch.set_num_threads(1)
+w = torch.randn(64, 32)
+used = []
+for i in range(600):
+    product(torch.randn(100 + i, 32), w)  # a new shape every call, as a run's token counts
+    if i in (199, 599):
+        used.append(libc.mallinfo2().uordblks)
+print((used[1] - used[0]) / 2**20)
+"""
+
+
+@needs_onednn
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="reads glibc's heap statistics")
+def test_products_of_ever_new_shapes_do_not_grow_the_process_without_bound():
+    """oneDNN caches a primitive per product shape, 1,024 of them in each of its two caches by
+    default: the heap in use grew by about half a MiB for each new shape. Bounded on import; the
+    caller's own capacity wins (the defaults, given explicitly, bring the growth back)."""
+    def growth(**env) -> float:
+        clean = {k: v for k, v in os.environ.items() if k not in cpu_products.CACHE_KEYS}
+        done = subprocess.run([sys.executable, "-c", GROWTH], env={**clean, **env}, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return float(done.stdout.split()[-1])
+
+    assert growth() < 16  # MiB in use added by the last 400 shapes
+    assert growth(**{key: "1024" for key in cpu_products.CACHE_KEYS}) > 100
