@@ -16,8 +16,8 @@ and large groups), temperature 1, one optimizer step per RL step, no KL term (TR
 `beta`), activation recomputation as each framework defaults (TRL's on, hflow's off;
 --checkpointing on|off sets both alike: the fair comparison of memory), fp32 on the CPU (bf16 on a GPU: --device),
 --threads torch threads (default: torch's own count). hflow runs as users run it, `hflow train` in
-its own process (with the command's CPU thread and host-memory settings, `cli/cpu_threads.py`,
-`cli/host_memory.py`); TRL runs in its own process with its defaults and, unless
+its own process (with the command's CPU thread and host-memory settings, `engine/cpu_threads.py`,
+`engine/host_memory.py`); TRL runs in its own process with its defaults and, unless
 --trl-host-memory off, the same host-memory settings (glibc's malloc thresholds, huge pages).
 With --engine vllm hflow also rescores the rollout before the update (the
 engine requires it), a pass TRL does not make.
@@ -52,21 +52,9 @@ import tempfile
 import time
 from pathlib import Path
 
-
-
-def _host_memory_module():
-    """cli/host_memory.py by its path: importing `hflow.cli` would apply the command's settings to
-    this process and so to every TRL run it starts."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "cli" / "host_memory.py"
-    spec = importlib.util.spec_from_file_location("host_memory", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-keep_host_memory = _host_memory_module().keep_host_memory
+# The command's host-memory settings, for the TRL runs' environment (importing `hflow.cli` would
+# apply them to this process and so to every TRL run it starts).
+from hflow.engine.host_memory import keep_host_memory
 
 
 def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
@@ -223,7 +211,7 @@ class Busy:
 
 
 def one_run(name: str, model_dir: Path, out: str, a: argparse.Namespace, env: dict) -> dict:
-    if name == "trl" and a.trl_host_memory == "on":  # what `hflow` sets for itself (cli/host_memory.py)
+    if name == "trl" and a.trl_host_memory == "on":  # what `hflow` sets for itself (engine/host_memory.py)
         env = dict(env)
         keep_host_memory(env)
     if name == "hflow":
@@ -325,7 +313,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--trl-host-memory", default="on", choices=["on", "off"],
                         help="run TRL with the host-memory settings the hflow command gives itself (glibc's "
-                        "malloc thresholds, huge pages: cli/host_memory.py); default on")
+                        "malloc thresholds, huge pages: engine/host_memory.py); default on")
     parser.add_argument("--run", choices=["trl"], help=argparse.SUPPRESS)  # one TRL run (a child process)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     a = parser.parse_args()

@@ -8,7 +8,7 @@ with --busy K spinning processes beside every run or none.
 Policies: `default` (libgomp's own spin, about 300,000 iterations), `passive` (OMP_WAIT_POLICY=PASSIVE:
 threads sleep at once), `spinN` (GOMP_SPINCOUNT=N). Each run generates the recipe's first four
 prompt batches (n samples each, its response length) with the hf engine and prints the median
-seconds of the last three; `cli/cpu_threads.py` chose its spin from these figures.
+seconds of the last three; `engine/cpu_threads.py` chose its spin from these figures.
 """
 
 from __future__ import annotations

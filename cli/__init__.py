@@ -1,11 +1,12 @@
 """Command-line interface: one module per command.
 
-Importing it sets how idle OpenMP threads wait (`cpu_threads.py`) and how host memory is kept
-between passes (`host_memory.py`), before torch is loaded.
+Importing it sets how idle OpenMP threads wait (`engine/cpu_threads.py`) and how host memory is
+kept between passes (`engine/host_memory.py`), before torch is loaded (as the Python API does:
+`trainer/api/__init__.py`).
 """
 
-from hflow.cli.cpu_threads import spin_briefly
-from hflow.cli.host_memory import keep_host_memory
+from hflow.engine.cpu_threads import spin_briefly
+from hflow.engine.host_memory import keep_host_memory
 
 spin_briefly()
 keep_host_memory()

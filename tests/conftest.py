@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-# The `hflow` command's process settings (idle threads, host memory: `cli/cpu_threads.py`,
-# `cli/host_memory.py`) in every test process from its start, before torch loads, and so in every
+# The `hflow` command's process settings (idle threads, host memory: `engine/cpu_threads.py`,
+# `engine/host_memory.py`) in every test process from its start, before torch loads, and so in every
 # process a test starts: not only after the first test that happens to import the command.
 import hflow.cli  # noqa: E402,F401
 import torch  # noqa: E402

@@ -1,2 +1,14 @@
 """hflow from Python: `train`, `evaluate`, `compare` and the `Run` they leave. The CLI is a shell over
-the same steps (`launch.py`). Published as `hflow.train`, `hflow.evaluate`, `hflow.compare`, `hflow.Run`."""
+the same steps (`launch.py`). Published as `hflow.train`, `hflow.evaluate`, `hflow.compare`, `hflow.Run`.
+
+Importing it (the first `hflow.train` does) makes the command's process settings, so that a run
+from Python is as fast as `hflow train`: how idle OpenMP threads wait (`engine/cpu_threads.py`) and
+how freed host memory is kept (`engine/host_memory.py`). Where torch was imported first, the
+thread setting and torch's huge pages reach only the processes started afterwards (workers, ranks);
+the malloc settings take effect in this process too. A user's own value of any of them wins."""
+
+from hflow.engine.cpu_threads import spin_briefly
+from hflow.engine.host_memory import keep_host_memory
+
+spin_briefly()
+keep_host_memory()

@@ -1,6 +1,6 @@
 """How many threads torch's CPU kernels use in a local run's process, chosen before each step.
 
-`cli/cpu_threads.py` makes idle OpenMP threads sleep after a short spin, so that a busy machine cannot
+`engine/cpu_threads.py` makes idle OpenMP threads sleep after a short spin, so that a busy machine cannot
 make them spin long on cores they do not get. Three measured rules (docs/benchmarks.md, "A busy machine") choose how
 many threads there are:
 

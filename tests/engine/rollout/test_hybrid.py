@@ -10,7 +10,7 @@ import pytest
 import torch
 from peak_memory import PeakResident
 
-from hflow.cli.host_memory import HOST_MEMORY_KEYS
+from hflow.engine.host_memory import HOST_MEMORY_KEYS
 from hflow.engine.groups.batch import Batch
 from hflow.engine.rollout.hybrid import resident_bytes
 from hflow.trainer.config.load import build_recipe
@@ -32,7 +32,7 @@ with PeakResident() as peak:
 print(json.dumps({"before": before, "peak": peak.peak, "exact": peak.exact, "after": resident_bytes()}))
 """
     # glibc's own allocation settings, where the 64 MiB copy is a mapping given back when freed: the
-    # `hflow` command's (`cli/host_memory.py`, inherited from this process once it imported them)
+    # `hflow` command's (`engine/host_memory.py`, inherited from this process once it imported them)
     # keep freed memory in the heap, and resident.
     env = {**{k: v for k, v in os.environ.items() if k not in HOST_MEMORY_KEYS},
            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}

@@ -3,7 +3,10 @@ with `hflow.train` / `hflow.evaluate`, learn as the command line does; bad argum
 line (`UserError`), and a run started with a Python function says how to resume it."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -130,3 +133,35 @@ def test_a_data_frame_or_a_dataset_gives_the_same_rows(kind):
         datasets = pytest.importorskip("datasets")
         table = datasets.Dataset.from_list(ROWS)
     assert rows_of(table) == ROWS
+
+
+# What the process environment holds when torch is first imported, seen by an import hook.
+AT_TORCH_IMPORT = """
+import json, os, sys
+KEYS = ("GOMP_SPINCOUNT", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "THP_MEM_ALLOC_ENABLE")
+seen = {}
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not seen:
+            seen.update({key: os.environ.get(key) for key in KEYS})
+        return None
+sys.meta_path.insert(0, Spy())
+import hflow
+hflow.train
+print(json.dumps(seen))
+"""
+
+
+def test_a_run_from_python_gets_the_commands_process_settings_before_torch_loads():
+    """libgomp and torch read their settings once, as they load: `hflow.train` makes them first, as
+    the command does, so a run from Python is as fast as `hflow train` (a user's own value wins)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_",
+                        "THP_MEM_ALLOC_ENABLE")}
+    for user, expected_thp in (({}, "1"), ({"THP_MEM_ALLOC_ENABLE": "0"}, "0")):
+        done = subprocess.run([sys.executable, "-c", AT_TORCH_IMPORT], env={**env, **user}, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seen == {"GOMP_SPINCOUNT": "1000", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+                        "THP_MEM_ALLOC_ENABLE": expected_thp}

@@ -1,4 +1,4 @@
-"""The `hflow` command keeps freed host memory for the next pass (`cli/host_memory.py`)."""
+"""The `hflow` command keeps freed host memory for the next pass (`engine/host_memory.py`)."""
 
 import os
 import platform
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hflow.cli.host_memory import HOST_MEMORY_KEYS, TRIM_THRESHOLD, keep_host_memory
+from hflow.engine.host_memory import HOST_MEMORY_KEYS, TRIM_THRESHOLD, keep_host_memory
 
 
 def test_the_settings_go_to_the_processes_it_starts_unless_the_user_chose_them():

@@ -1,10 +1,10 @@
-"""The `hflow` command's OpenMP waiting policy (`cli/cpu_threads.py`)."""
+"""The `hflow` command's OpenMP waiting policy (`engine/cpu_threads.py`)."""
 
 import os
 import subprocess
 import sys
 
-from hflow.cli.cpu_threads import SPIN_COUNT, spin_briefly
+from hflow.engine.cpu_threads import SPIN_COUNT, spin_briefly
 
 
 def test_idle_threads_spin_briefly_unless_the_user_chose_a_policy():
