@@ -14,6 +14,7 @@ passive and 13.96 with the default spin; `benchmarks/wait_policy.py`, docs/bench
 environment before torch is imported; workers hflow starts (Ray actors, `torch.distributed`
 ranks) inherit it. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins. How many threads a local
 run uses, step by step, is `trainer/placement/cpu_share.py`'s choice (a small model gets one).
+The command (`cli/__init__.py`) and the Python API (`trainer/api/__init__.py`) set it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ serves a buffer above its mmap threshold (128 KiB at first, rising with what is 
 at most) with a fresh mapping, and gives freed memory at its heap's top back to the system beyond
 its trim threshold; the next pass then faults on every 4 KiB page it touches, and the kernel
 zeroes each. On the 2-core development machine that was a fifth of an update's time in the
-kernel (docs/benchmarks.md, "Host memory"). So the command, before torch loads:
+kernel (docs/benchmarks.md, "Host memory"). So the command (`cli/__init__.py`) and the Python API
+(`trainer/api/__init__.py`), before torch loads:
 
 - MALLOC_MMAP_MAX_ = 0 and MALLOC_TRIM_THRESHOLD_ = 1 GiB, for the processes it starts (glibc
   reads them when a process starts) and through `mallopt` for itself: every buffer comes from the

@@ -181,7 +181,7 @@ def ensure_process_group(device: torch.device, rank: int = 0, world_size: int = 
 
 def leave_process_group() -> None:
     """Tear down this process's group before the interpreter exits: a group still alive at exit
-    leaks its communicators, and NCCL's says so on every GPU run's stderr ("destroy_process_group()
+    leaks its communicators, and NCCL says so on every GPU run's stderr ("destroy_process_group()
     was not called before program exit", seen on each `hflow train` of the first H100 runs). The
     teardown is local to the rank (no collective), so a rank exiting on an error cannot hang in it."""
     import torch.distributed as dist
