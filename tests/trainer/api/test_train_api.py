@@ -36,9 +36,17 @@ def test_train_from_python_learns_and_evaluates(tmp_path, tiny_model):
     assert (run.final_model / "config.json").is_file()
     recipe = (run.path / "recipe.yaml").read_text()
     assert "python:digits_share" in recipe and "datasets/dataset-" in recipe  # the rows, written once
-    metrics = hflow.evaluate(run.path / "recipe.yaml", run.path,
-                             overrides={"data.eval": "synthetic:digits", "data.eval_size": 16})
+    eval_set = {"data.eval": "synthetic:digits", "data.eval_size": 16}
+    metrics = hflow.evaluate(run.path / "recipe.yaml", run.path, overrides=eval_set)
     assert metrics["eval/reward"] > first
+    # The trained model against the base on the same prompts and seeds: its side is `evaluate`'s
+    # figure, and the paired interval of the gain excludes 0; a model against itself differs by 0.
+    rows = {row.metric: row for row in hflow.compare(run.path / "recipe.yaml", run.path, "base", overrides=eval_set)}
+    reward = rows["eval/reward"]
+    assert reward.a == pytest.approx(metrics["eval/reward"]) and reward.prompts == 16
+    assert reward.b < reward.a and 0 < reward.low <= reward.difference <= reward.high, reward
+    for row in hflow.compare(run.path / "recipe.yaml", run.path, run.path, overrides=eval_set):
+        assert row.a == row.b and row.difference == row.low == row.high == 0, row
 
 
 def test_the_rows_are_written_once_by_their_content(tmp_path):
