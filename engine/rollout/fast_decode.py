@@ -269,8 +269,7 @@ class LayerWeights:
         (at SmolLM2's shapes and 32 rows, 1.34x and 1.05x faster; at the 3.5M model's and 64 rows,
         1.59x and 1.22x: a product's fixed cost paid once)."""
         self.qkv = packed(torch.cat((self.q, self.k, self.v)), rows)
-        if any(b is not None for b in (self.q_bias, self.k_bias, self.v_bias)):
-            self.qkv_bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
-                                       for b, w in ((self.q_bias, self.q), (self.k_bias, self.k), (self.v_bias, self.v))])
+        if self.q_bias is not None:  # Qwen2's q/k/v biases (Llama's attention_bias sets all three)
+            self.qkv_bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
         self.gate_up = packed(torch.cat((self.gate, self.up)), rows)
         self.o, self.down = packed(self.o, rows), packed(self.down, rows)
