@@ -26,7 +26,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.lm_head import can_head_at, head_at, logits_kwargs, model_behind
 from hflow.engine.padding import positions
 from hflow.engine.training.lockstep import agreed, several_ranks
-from hflow.engine.training.packed import can_pack, packed_logits
+from hflow.engine.training.packed import can_pack, packed_logits, packed_prompt_logits
 from hflow.engine.training.token_logprobs import token_log_probs
 
 
@@ -57,23 +57,32 @@ def response_log_probs(forward: Callable, batch: Batch, temperature: float,
 
 
 def shares_prompts(forward: Callable, batch: Batch, groups: torch.Tensor | None = None) -> bool:
-    """Whether `response_log_probs` runs `batch`'s prompts once (two forwards) or its rows whole (one).
+    """Whether `response_log_probs` runs `batch`'s prompts once or its rows whole.
 
     Normally: where some rows repeat a prompt, unless `batch.meta["share_prompts"]` is false. With
     `batch.meta["lockstep"]` (ZeRO-3 ranks, `lockstep.py`) `share_prompts` is the choice itself,
     agreed by every rank, whatever this batch's rows: a batch without repeated prompts is then
     scored in two forwards too (each row its own group: the same numbers).
     """
-    share = batch.meta.get("share_prompts", True) and _can_share(forward)
+    share = batch.meta.get("share_prompts", True) and can_share_prompts(forward, bool(batch.meta.get("lockstep")))
     if batch.meta.get("lockstep") or not share:
         return bool(share)
     groups = prompt_groups(batch) if groups is None else groups
     return int(groups[-1]) + 1 < len(groups)
 
 
-def _can_share(forward: Callable) -> bool:
-    """The prompt's cache must carry gradients into the response pass: not with activation
-    checkpointing (transformers turns the cache off there while training)."""
+def _packs(forward: Callable, batch: Batch) -> bool:
+    """Whether `batch` is scored packed (`packed.py`): by a model that packs, unless ZeRO-3 ranks
+    in lockstep must run the same forwards whatever their rows."""
+    return not batch.meta.get("lockstep") and can_pack(forward)
+
+
+def can_share_prompts(forward: Callable, lockstep: bool = False) -> bool:
+    """Whether `forward` can run a prompt once for its rows. Packed (`_packs`), a prompt runs in the
+    same forward as its rows; otherwise its KV cache must carry gradients into the response pass:
+    not with activation checkpointing (transformers turns the cache off there while training)."""
+    if not lockstep and can_pack(forward):
+        return True
     model = model_behind(forward)
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"
@@ -84,39 +93,40 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
                           with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs (and entropy), each distinct prompt run once; zero where not scored.
 
-    The prompts (left-padded, as in the rollout) go through the model once per group with the
-    KV cache on; the cache is repeated to the group's rows (an indexing step, so gradients flow
-    back into the prompt pass), and the responses run on top of it. The last prompt position's
-    logits predict every row's first response token; response position t's, token t + 1.
-    The responses run in buckets of rows of similar length (`length_buckets`), each only as wide
-    as its longest row needs, and the LM head only where a token is scored (`lm_head.head_at`).
+    A model that packs runs the prompts and the responses as one packed sequence
+    (`packed.packed_prompt_logits`). Otherwise the prompts (left-padded, as in the rollout) go
+    through the model once per group with the KV cache on; the cache is repeated to the group's
+    rows (an indexing step, so gradients flow back into the prompt pass), and the responses run on
+    top of it, in buckets of rows of similar length (`length_buckets`), each only as wide as its
+    longest row needs. The last prompt position's logits predict every row's first response
+    token; response position t's, token t + 1. The LM head runs only where a token is scored
+    (`lm_head.head_at`).
     """
     mask, responses = batch[col.ATTENTION_MASK], batch[col.RESPONSES]
     rows, width_r = responses.shape
     width_p = mask.shape[1] - width_r
     first_rows = torch.cat([groups.new_zeros(1), (groups[1:] != groups[:-1]).nonzero().squeeze(-1) + 1])
     prompt_ids, prompt_mask = batch[col.INPUT_IDS][first_rows, :width_p], mask[first_rows, :width_p]
+    groups = groups.to(prompt_ids.device)
+    # Response column t's output scores token t + 1: a row needs its columns up to its last scored one.
+    scored = batch[col.RESPONSE_MASK][:, 1:].bool()
+    if _packs(forward, batch):
+        row, column = scored.nonzero(as_tuple=True)
+        widths = last_scored(scored) + 1 if width_r > 1 else torch.zeros_like(groups)
+        last, logits = packed_prompt_logits(forward, prompt_ids, prompt_mask, groups, responses, widths,
+                                            (row, column))
+        first = token_log_probs(last, (groups,), responses[:, 0], temperature, with_entropy)
+        parts = [token_log_probs(logits, (), responses[row, column + 1], temperature, with_entropy)] if len(row) else []
+        return _placed(parts, [row], [column + 1], (rows, width_r), mask.device, with_entropy, first)
     prefix = forward(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
                      use_cache=True, **logits_kwargs(forward, 1, width_p, prompt_ids.device))
-    cache = prefix.past_key_values
-    groups = groups.to(prompt_ids.device)
+    cache, lockstep = prefix.past_key_values, bool(batch.meta.get("lockstep"))
     last = prefix.logits.shape[1] - 1
     first = token_log_probs(prefix.logits, (groups, torch.full_like(groups, last)), responses[:, 0],
                             temperature, with_entropy)
-    lockstep = bool(batch.meta.get("lockstep"))
     if width_r == 1 and not lockstep:
         return tuple(a[:, None] if a is not None else None for a in first)
-    # Response column t's output scores token t + 1: a row needs its columns up to its last scored one.
-    scored = batch[col.RESPONSE_MASK][:, 1:].bool()
     start = mask[:, :width_p].sum(-1, keepdim=True)
-    if not lockstep and can_pack(forward):
-        row, column = scored.nonzero(as_tuple=True)
-        if not len(row):
-            return _placed([], [], [], (rows, width_r), mask.device, with_entropy, first)
-        logits = packed_logits(forward, responses, last_scored(scored) + 1, start[:, 0], (row, column),
-                               prompt=(cache, groups, prompt_mask))
-        part = token_log_probs(logits, (), responses[row, column + 1], temperature, with_entropy)
-        return _placed([part], [row], [column + 1], (rows, width_r), mask.device, with_entropy, first)
     if lockstep:
         # ZeRO-3 ranks in lockstep run the same forwards: one of every row, the responses but their
         # last column (one column when there is only one), as every rank must.

@@ -5,9 +5,12 @@ projection, MLP product and norm also runs on the padding after the shorter rows
 tokens than the rows hold on `grpo/smollm2-arithmetic`'s micro-batches of 16); length buckets
 cut that down only at the price of more, smaller forwards. Here the rows' real tokens go through
 the model as one sequence (1, T): the products, the norms and the LM head see exactly T tokens,
-in one forward. Only attention needs the rows apart: in each layer the packed queries, keys and
-values are scattered into a (rows, widest) grid, attend there (each row to its prompt's cached
-keys, if any, then causally to its own tokens), and are gathered back. Attention is a small
+in one forward. Rows that share a prompt (a prompt's n samples) follow that prompt, packed once at
+the head of the same sequence: the prompt's tokens, not the widest prompt's, run once for the
+group, without a second forward or a KV cache. Only attention needs the rows apart: in each layer
+the packed queries, keys and values are scattered into a (prompts, widest prompt) grid and a
+(rows, widest) grid, attend there (a prompt causally to itself; each row to its prompt's keys,
+then causally to its own tokens), and are gathered back. Attention is a small
 share of the work at these lengths (4 x hidden FLOPs a key against 2 x parameters a token), so
 the grid's padding costs little; grouped-query attention runs without repeating the keys.
 
@@ -56,7 +59,7 @@ def _registered() -> bool:
         if layout is None:
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
-        return layout.attend(module.layer_idx, query, key, value, dropout, scaling), None
+        return layout.attend(query, key, value, dropout, scaling), None
 
     AttentionInterface.register(PACKED, attention)
     AttentionMaskInterface.register(PACKED, sdpa_mask)
@@ -76,69 +79,140 @@ def can_pack(forward) -> bool:
 
 
 @dataclass
-class PackedRows:
-    """Where each packed token sits in the (batch, width) grid of rows, and what the rows attend to
-    before their own tokens: `prompt` = (the prompts' KV cache, each row's prompt index (B,), the
-    prompts' attention mask (G, P)), or None (each row starts at its position 0)."""
+class Grid:
+    """Where each of T packed tokens sits in a (batch, width) grid of rows, left-aligned."""
 
     rows: torch.Tensor  # (T,) each token's row
     columns: torch.Tensor  # (T,) its column in the row
     batch: int
     width: int
-    prompt: tuple | None = None
 
-    def __post_init__(self):
-        self.attend_mask = None
-        if self.prompt is not None:
-            _, groups, prompt_mask = self.prompt
-            device = prompt_mask.device
-            before = prompt_mask.bool()[groups][:, None, None, :].expand(-1, 1, self.width, -1)
-            own = torch.ones(self.width, self.width, dtype=torch.bool, device=device).tril()
-            self.attend_mask = torch.cat([before, own.expand(self.batch, 1, -1, -1)], -1)
+    @classmethod
+    def of(cls, widths: torch.Tensor) -> "Grid":
+        """Rows of `widths` tokens each, packed one after the other."""
+        rows = torch.repeat_interleave(torch.arange(len(widths), device=widths.device), widths)
+        columns = torch.arange(len(rows), device=widths.device) - (widths.cumsum(0) - widths)[rows]
+        return cls(rows, columns, len(widths), int(widths.max()) if len(widths) else 0)
 
     @property
-    def computed_keys(self) -> int:
-        """(query, key) pairs the grid's attention computes, padding included (the meter's unit)."""
-        before = 0 if self.prompt is None else self.prompt[2].shape[1]
-        return work_meter.causal_keys(self.batch, self.width, before)
+    def tokens(self) -> int:
+        return len(self.rows)
 
-    def grid(self, packed: torch.Tensor) -> torch.Tensor:
-        """(1, heads, T, d) packed -> (B, heads, width, d), zero where a row has no token."""
+    def scatter(self, packed: torch.Tensor) -> torch.Tensor:
+        """(1, heads, T, d) packed -> (batch, heads, width, d), zero where a row has no token."""
         flat = packed[0].transpose(0, 1)
         grid = flat.new_zeros(self.batch, self.width, *flat.shape[1:]).index_put((self.rows, self.columns), flat)
         return grid.transpose(1, 2)
 
-    def attend(self, layer: int, query, key, value, dropout: float, scaling) -> torch.Tensor:
+    def gather(self, grid: torch.Tensor) -> torch.Tensor:
+        """(batch, heads, width, d) -> (T, heads, d), the packed tokens' rows."""
+        return grid.transpose(1, 2)[self.rows, self.columns]
+
+
+@dataclass
+class PackedRows:
+    """The layout of a packed sequence: `rows`' tokens, after `prompts`' when given. With prompts,
+    the sequence starts with each distinct prompt's tokens once (`prompts`, one grid row per
+    prompt), and row b's tokens follow its prompt `groups[b]`: they attend to that prompt's
+    tokens, then causally to their own. Without, each row starts at its position 0."""
+
+    rows: Grid
+    prompts: Grid | None = None
+    groups: torch.Tensor | None = None  # (B,) each row's prompt, with `prompts`
+
+    def __post_init__(self):
+        self.attend_mask = None
+        if self.prompts is not None:
+            p, device = self.prompts, self.groups.device
+            lengths = torch.zeros(p.batch, dtype=torch.long, device=device).index_add_(
+                0, p.rows, torch.ones_like(p.rows))
+            before = torch.arange(p.width, device=device)[None] < lengths[self.groups][:, None]
+            before = before[:, None, None, :].expand(-1, 1, self.rows.width, -1)
+            own = torch.ones(self.rows.width, self.rows.width, dtype=torch.bool, device=device).tril()
+            self.attend_mask = torch.cat([before, own.expand(self.rows.batch, 1, -1, -1)], -1)
+
+    @property
+    def computed_keys(self) -> int:
+        """(query, key) pairs the grids' attention computes, padding included (the meter's unit)."""
+        if self.prompts is None:
+            return work_meter.causal_keys(self.rows.batch, self.rows.width, 0)
+        return work_meter.causal_keys(self.prompts.batch, self.prompts.width, 0) + \
+            work_meter.causal_keys(self.rows.batch, self.rows.width, self.prompts.width)
+
+    def attend(self, query, key, value, dropout: float, scaling) -> torch.Tensor:
         """The attention output (1, T, heads, d) of packed (1, heads, T, d) queries, keys and values."""
-        q, k, v = self.grid(query), self.grid(key), self.grid(value)
-        if self.prompt is not None:
-            cache, groups, _ = self.prompt
-            cached = cache.layers[layer]
-            k = torch.cat([cached.keys[groups], k], 2)
-            v = torch.cat([cached.values[groups], v], 2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.attend_mask, dropout_p=dropout, scale=scaling,
-                                             is_causal=self.prompt is None, enable_gqa=q.shape[1] != k.shape[1])
-        return out.transpose(1, 2)[self.rows, self.columns][None]
+        gqa = query.shape[1] != key.shape[1]
+        if self.prompts is None:
+            q, k, v = (self.rows.scatter(t) for t in (query, key, value))
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True,
+                                                 enable_gqa=gqa)
+            return self.rows.gather(out)[None]
+        split = self.prompts.tokens
+        q, k, v = (self.prompts.scatter(t[:, :, :split]) for t in (query, key, value))
+        parts = [self.prompts.gather(F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa))]
+        if self.rows.tokens:
+            k = torch.cat([k[self.groups], self.rows.scatter(key[:, :, split:])], 2)
+            v = torch.cat([v[self.groups], self.rows.scatter(value[:, :, split:])], 2)
+            out = F.scaled_dot_product_attention(self.rows.scatter(query[:, :, split:]), k, v,
+                                                 attn_mask=self.attend_mask, dropout_p=dropout, scale=scaling,
+                                                 enable_gqa=gqa)
+            parts.append(self.rows.gather(out))
+        return torch.cat(parts)[None]
 
 
 def packed_logits(forward, ids: torch.Tensor, widths: torch.Tensor, start: torch.Tensor,
-                  scored: tuple[torch.Tensor, torch.Tensor], prompt: tuple | None = None) -> torch.Tensor:
+                  scored: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Logits (K, V) at the K `scored` (row, column) pairs of the grid `ids` (B, >= max width): row
-    b's first widths[b] tokens, at positions start[b], start[b] + 1, ..., run as one packed forward
-    (after `prompt`'s cached keys, see `PackedRows`). Only for `can_pack` models."""
-    widths = widths.to(ids.device)
-    rows = torch.repeat_interleave(torch.arange(len(widths), device=ids.device), widths)
-    offsets = widths.cumsum(0) - widths
-    columns = torch.arange(len(rows), device=ids.device) - offsets[rows]
-    layout = PackedRows(rows, columns, len(widths), int(widths.max()), prompt)
-    sentinel = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=ids.device)
+    b's first widths[b] tokens, at positions start[b], start[b] + 1, ..., run as one packed forward.
+    Only for `can_pack` models."""
+    rows = Grid.of(widths.to(ids.device))
+    at_row, at_column = scored
+    return _forward(forward, ids[rows.rows, rows.columns], start[rows.rows] + rows.columns, PackedRows(rows),
+                    _offsets(rows)[at_row] + at_column)
+
+
+def packed_prompt_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, groups: torch.Tensor,
+                         ids: torch.Tensor, widths: torch.Tensor,
+                         scored: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that continue shared prompts, as one packed forward: each prompt's tokens once, then
+    row b's first widths[b] tokens of `ids` (B, >= max width) after its prompt `groups[b]`.
+
+    `prompt_ids`, `prompt_mask`: (G, P) left-padded prompts. Returns the logits (G, V) at each
+    prompt's last token (they predict its rows' first tokens) and (K, V) at the K `scored` (row,
+    column) pairs of `ids`. Only for `can_pack` models."""
+    device = ids.device
+    at_prompt, at_column = prompt_mask.bool().nonzero(as_tuple=True)  # row-major: prompt by prompt
+    lengths = prompt_mask.sum(-1)
+    prompts = Grid(at_prompt, at_column - (prompt_mask.shape[1] - lengths)[at_prompt], len(lengths),
+                   int(lengths.max()))
+    rows = Grid.of(widths.to(device))
+    tokens = torch.cat([prompt_ids[at_prompt, at_column], ids[rows.rows, rows.columns]])
+    positions = torch.cat([prompts.columns, lengths[groups][rows.rows] + rows.columns])
+    at_row, at_column = scored
+    heads = torch.cat([_offsets(prompts) + lengths - 1, prompts.tokens + _offsets(rows)[at_row] + at_column])
+    logits = _forward(forward, tokens, positions, PackedRows(rows, prompts, groups), heads)
+    return logits[:len(lengths)], logits[len(lengths):]
+
+
+def _offsets(grid: Grid) -> torch.Tensor:
+    """(batch,) where each row's first token sits in the packed sequence."""
+    widths = torch.zeros(grid.batch, dtype=torch.long, device=grid.rows.device).index_add_(
+        0, grid.rows, torch.ones_like(grid.rows))
+    return widths.cumsum(0) - widths
+
+
+def _forward(forward, tokens: torch.Tensor, positions: torch.Tensor, layout: PackedRows,
+             heads: torch.Tensor) -> torch.Tensor:
+    """The model's forward on the packed (T,) `tokens` at `positions`, attending by `layout`, its
+    head run at the packed indices `heads`: logits (len(heads), V)."""
+    sentinel = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=tokens.device)
     setattr(sentinel, LAYOUT_ATTR, layout)
     model = model_behind(forward)
     model.config._attn_implementation = PACKED
     meter = work_meter.meter_of(model.get_input_embeddings())
     if meter is not None:
         meter.keys_next = layout.computed_keys
-    at_row, at_column = scored
-    with head_at(forward, torch.zeros_like(at_row), offsets[at_row] + at_column):
-        return forward(input_ids=ids[rows, columns][None], position_ids=(start[rows] + columns)[None],
-                       attention_mask=sentinel, use_cache=False).logits
+    with head_at(forward, torch.zeros_like(heads), heads):
+        return forward(input_ids=tokens[None], position_ids=positions[None], attention_mask=sentinel,
+                       use_cache=False).logits

@@ -72,18 +72,20 @@ def test_packed_rows_score_as_each_row_alone(kind, share):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
 
 
-def test_checkpointing_recomputes_the_packed_attention_in_the_backward():
+@pytest.mark.parametrize("share", [True, False])
+def test_checkpointing_recomputes_the_packed_attention_in_the_backward(share):
     """With activation checkpointing each layer runs again during the backward, after the forward
     that packed it has returned: the layout travels with the attention mask, so the recomputation
-    attends within rows too (whole rows: prompts are not shared under checkpointing)."""
+    attends within rows too. Packed, shared prompts need no KV cache: they are shared under
+    checkpointing too."""
     model = _model("llama")
-    batch = _batch(True)
+    batch = _batch(share)
     weights = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(2))
     weights *= batch["response_mask"]
     want = _grads(model, _alone(model, batch), weights)
     model.gradient_checkpointing_enable()
     model.train()
-    assert not logprobs.shares_prompts(model, batch)
+    assert logprobs.shares_prompts(model, batch) == share
     calls = []
     original = packed.PackedRows.attend
     packed.PackedRows.attend = lambda self, *args: calls.append(1) or original(self, *args)
@@ -96,9 +98,30 @@ def test_checkpointing_recomputes_the_packed_attention_in_the_backward():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
 
 
+def test_only_a_model_that_packs_shares_prompts_under_checkpointing():
+    """Unpacked, a shared prompt's KV cache would have to carry gradients into its rows' pass, and
+    checkpointing turns the cache off while training: such a model scores its rows whole, with the
+    right gradients. A model that packs shares (no cache), unless ZeRO-3 ranks run in lockstep."""
+    model = _model("llama")
+    model.config._attn_implementation = "eager"
+    batch = _batch(True)
+    weights = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(4))
+    weights *= batch["response_mask"]
+    want = _grads(model, _alone(model, batch), weights)
+    model.gradient_checkpointing_enable()
+    model.train()
+    assert not logprobs.can_share_prompts(model) and not logprobs.shares_prompts(model, batch)
+    got = _grads(model, logprobs.response_log_probs(model, batch, 1.0)[0], weights)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
+    model.config._attn_implementation = "sdpa"
+    assert logprobs.can_share_prompts(model) and not logprobs.can_share_prompts(model, lockstep=True)
+
+
 def test_no_padding_goes_through_the_model():
-    """The body runs the prompts once and each response up to its last scored token's predecessor:
-    the meter counts exactly those tokens, and the attention keys the packed grid computed."""
+    """The body runs each prompt's own tokens once and each response up to its last scored token's
+    predecessor, all in one forward: the meter counts exactly those tokens, the attention keys the
+    two packed grids computed, and a head position per prompt and per scored token."""
     model = _model("llama")
     batch = _batch(True)
     meter = work_meter.attach(model, "actor")
@@ -107,13 +130,11 @@ def test_no_padding_goes_through_the_model():
         logprobs.response_log_probs(model, batch, 1.0)
     counted = work_meter.take()["other"]["actor"]
     assert meter is not None
-    mask = batch["attention_mask"]
-    width_p = mask.shape[1] - batch["responses"].shape[1]
     lengths = batch["response_mask"].sum(-1)
-    prompts = 3 * width_p  # three prompt groups, each run once, left-padded to the widest
+    prompts = 6 + 2 + 4  # three prompt groups, each run once, unpadded
     assert counted["tokens"] == prompts + int((lengths - 1).sum())
     widest = int(lengths.max()) - 1
-    assert counted["keys"] == work_meter.causal_keys(3, width_p, 0) + work_meter.causal_keys(len(batch), widest, width_p)
+    assert counted["keys"] == work_meter.causal_keys(3, 6, 0) + work_meter.causal_keys(len(batch), widest, 6)
     assert counted["logits"] == 3 + int((lengths - 1).sum())
 
 
