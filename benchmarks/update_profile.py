@@ -67,6 +67,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="operators listed")
     parser.add_argument("--timed", type=int, default=2, help="timed calls before the profiled one")
     parser.add_argument("--trace", help="also write the profiled call's Chrome trace to this file")
+    parser.add_argument("--shapes", default="", help="comma-separated operators (aten::fill_, ...) also listed by "
+                                                      "input shape, their --top costliest shapes each")
     args = parser.parse_args()
     recipe, _ = load_recipe(args.recipe, ["trainer.eval_every=0", *args.set])
     groups, data = _actor(recipe)
@@ -84,7 +86,7 @@ def main() -> None:
             after = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             timed.append((after[1] - before[1], after[0].ru_stime - before[0].ru_stime,
                           after[0].ru_minflt - before[0].ru_minflt))
-        with profile(activities=activities) as prof:
+        with profile(activities=activities, record_shapes=bool(args.shapes)) as prof:
             start = time.perf_counter()
             _call(actor, args.phase, batches[-1], data, 2 * len(batches))
             wall = time.perf_counter() - start
@@ -97,6 +99,12 @@ def main() -> None:
     ops = prof.key_averages()
     _table(ops, lambda e: e.self_cpu_time_total, sum(e.self_cpu_time_total for e in ops), args.top,
            "host operator time")
+    for name in filter(None, args.shapes.split(",")):
+        by_shape = [e for e in prof.key_averages(group_by_input_shape=True) if e.key == name]
+        by_shape.sort(key=lambda e: -e.self_cpu_time_total)
+        print(f"{name} by input shape:")
+        for e in by_shape[:args.top]:
+            print(f"  {e.self_cpu_time_total / 1e6:7.3f} s {e.count:6d} calls  {e.input_shapes}")
     if cuda:
         # The device's own events (kernels, copies): an operator's device time repeats its kernels'.
         kernels = [e for e in ops if e.device_type == DeviceType.CUDA]
