@@ -71,17 +71,21 @@ def shares_prompts(forward: Callable, batch: Batch, groups: torch.Tensor | None 
     return int(groups[-1]) + 1 < len(groups)
 
 
+def scores_packed(forward: Callable, lockstep: bool = False) -> bool:
+    """Whether `response_log_probs` runs rows packed (`packed.py`): on a model that packs, unless
+    ZeRO-3 ranks in lockstep (`batch.meta["lockstep"]`) must run the same forwards whatever their rows."""
+    return not lockstep and can_pack(forward)
+
+
 def _packs(forward: Callable, batch: Batch) -> bool:
-    """Whether `batch` is scored packed (`packed.py`): by a model that packs, unless ZeRO-3 ranks
-    in lockstep must run the same forwards whatever their rows."""
-    return not batch.meta.get("lockstep") and can_pack(forward)
+    return scores_packed(forward, bool(batch.meta.get("lockstep")))
 
 
 def can_share_prompts(forward: Callable, lockstep: bool = False) -> bool:
-    """Whether `forward` can run a prompt once for its rows. Packed (`_packs`), a prompt runs in the
-    same forward as its rows; otherwise its KV cache must carry gradients into the response pass:
-    not with activation checkpointing (transformers turns the cache off there while training)."""
-    if not lockstep and can_pack(forward):
+    """Whether `forward` can run a prompt once for its rows. Packed (`scores_packed`), a prompt runs
+    in the same forward as its rows; otherwise its KV cache must carry gradients into the response
+    pass: not with activation checkpointing (transformers turns the cache off there while training)."""
+    if scores_packed(forward, lockstep):
         return True
     model = model_behind(forward)
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \

@@ -55,33 +55,36 @@ def trim_padding(batch: Batch) -> Batch:
     return Batch(tensors, batch.columns, dict(batch.meta))
 
 
-def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int = 1, with_cost: bool = False):
+def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int = 1, with_cost: bool = False,
+                        packed: bool = False):
     """Row indices in micro-batches that waste the least compute on padding.
 
     A micro-batch is computed at (rows x its longest row) tokens (rows are scored left-aligned,
-    see `logprobs.response_log_probs`), and each one costs a fixed overhead, counted as one more
-    row of the mini-batch's longest: splitting pays only where it saves more padding than that.
-    Rows are taken longest first and the order is cut into consecutive groups by dynamic
-    programming (exact for that order). No group exceeds `max_tokens`, except a single row
-    longer than it. At least `min_groups` groups are made (ranks of a data-parallel group must
-    run the same number of micro-batches), splitting the largest. `with_cost` also returns the
-    cut's cost in tokens (overheads included, before any split for `min_groups`).
+    see `logprobs.response_log_probs`), or, `packed` (`packed.py`), at its rows' own tokens; each
+    one costs a fixed overhead, counted as one more row of the mini-batch's longest: splitting
+    pays only where it saves more padding than that. Rows are taken longest first and the order
+    is cut into consecutive groups by dynamic programming (exact for that order). No group
+    exceeds `max_tokens`, except a single row longer than it. At least `min_groups` groups are
+    made (ranks of a data-parallel group must run the same number of micro-batches), splitting
+    the largest. `with_cost` also returns the cut's cost in tokens (overheads included, before
+    any split for `min_groups`).
     """
     order = torch.argsort(lengths, descending=True, stable=True).tolist()
     widths = lengths[order].double().numpy()  # a group [j, i) is as wide as its row j
     overhead = max(1.0, float(widths.max())) if len(order) else 0.0
-    cuts, cost = _cheapest_cut(len(order), lambda i: np.arange(i, 0, -1) * widths[:i], overhead, max_tokens)
+    tokens = _summed(widths) if packed else lambda i: np.arange(i, 0, -1) * widths[:i]
+    cuts, cost = _cheapest_cut(len(order), tokens, overhead, max_tokens)
     groups = _split_to([[order[k] for k in group] for group in cuts], min_groups)
     return (groups, cost) if with_cost else groups
 
 
 def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, groups: torch.Tensor,
-                     max_tokens: int, min_groups: int = 1, with_cost: bool = False):
+                     max_tokens: int, min_groups: int = 1, with_cost: bool = False, packed: bool = False):
     """Like `token_budget_groups`, for rows scored with their prompt run once per prompt group
     (`logprobs.response_log_probs`): a prompt group's rows stay together and consecutive, and a
     micro-batch costs (its prompt groups x its longest prompt) + (its rows x its longest
-    response) tokens plus one longest row. Prompt groups are taken longest response first and
-    cut by dynamic programming, as there."""
+    response) tokens, or, `packed`, its prompts' and rows' own tokens, plus one longest row.
+    Prompt groups are taken longest response first and cut by dynamic programming, as there."""
     counts = torch.unique_consecutive(groups, return_counts=True)[1].tolist()
     unit_rows = [part.tolist() for part in torch.arange(len(groups)).split(counts)]
     response = np.array([float(response_lengths[rows].max()) for rows in unit_rows])
@@ -95,12 +98,19 @@ def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tenso
         return np.arange(i, 0, -1) * widest_prompt + (rows_before[i] - rows_before[:i]) * response[:i]
 
     overhead = max(1.0, float(prompt.max() + response.max())) if order else 0.0
-    cuts, cost = _cheapest_cut(len(order), padded, overhead, max_tokens)
+    own = prompt + np.array([float(response_lengths[unit_rows[u]].sum()) for u in order]) if packed else None
+    cuts, cost = _cheapest_cut(len(order), _summed(own) if packed else padded, overhead, max_tokens)
     cuts = _split_to([[order[k] for k in group] for group in cuts], min_groups)
     rows = [[row for u in chosen for row in unit_rows[u]] for chosen in cuts]
     # Fewer prompt groups than `min_groups`: split within a group (each part runs its prompt).
     rows = _split_to(rows, min_groups)
     return (rows, cost) if with_cost else rows
+
+
+def _summed(tokens: np.ndarray):
+    """`_cheapest_cut`'s `padded` for items that compute only their own `tokens` (packed)."""
+    ends = np.concatenate([[0.0], np.cumsum(tokens)])
+    return lambda i: ends[i] - ends[:i]
 
 
 def _cheapest_cut(count: int, padded, overhead: float, max_tokens: int) -> tuple[list[list[int]], float]:
@@ -137,26 +147,28 @@ def _split_to(groups: list[list[int]], min_groups: int) -> list[list[int]]:
 
 
 def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | None, world_size: int,
-                  device, share_prompts: bool = False, zero3: bool = False) -> list[Batch]:
+                  device, share_prompts: bool = False, zero3: bool = False, packed: bool = False) -> list[Batch]:
     """A mini-batch's micro-batches: rows grouped by length within the token budget (default
     `micro_batch_size` x the longest sequence), shared padding cut. With `share_prompts` (rows
-    scored by `logprobs.response_log_probs`, no activation checkpointing), the n samples of a
-    prompt stay together so that their prompt runs once. Every rank of a data-parallel group
-    gets the same number of micro-batches, since ZeRO reduces gradients collectively.
+    scored by `logprobs.response_log_probs`, where `logprobs.can_share_prompts`), the n samples of
+    a prompt stay together so that their prompt runs once. `packed` (`logprobs.scores_packed`):
+    a micro-batch costs, and holds within the budget, its rows' own tokens, not its padded size.
+    Every rank of a data-parallel group gets the same number of micro-batches, since ZeRO reduces
+    gradients collectively.
 
     `zero3` (a ZeRO-3 shard is trained, `lockstep.py`): the ranks also agree whether to share
     prompts (only if every rank's cheaper cut does), and each micro-batch is marked so that
     `response_log_probs` follows that choice, not its own rows: every rank runs the same forwards."""
     lengths = mini[col.ATTENTION_MASK].sum(-1)
     budget = micro_batch_tokens or micro_batch_size * int(lengths.max())
-    cut = functools.partial(token_budget_groups, lengths, budget)
+    cut = functools.partial(token_budget_groups, lengths, budget, packed=packed)
     rows, cost = cut(with_cost=True)
     groups = prompt_groups(mini) if share_prompts else None
     if groups is not None and int(groups[-1]) + 1 < len(groups):
         # Sharing prompts keeps a prompt's rows together, which can cost more padding than it
         # saves (short prompts, uneven responses): take whichever cut computes fewer tokens.
         responses = real_response_lengths(mini)
-        shared = functools.partial(prompt_group_cut, lengths - responses, responses, groups, budget)
+        shared = functools.partial(prompt_group_cut, lengths - responses, responses, groups, budget, packed=packed)
         shared_rows, shared_cost = shared(with_cost=True)
         cheaper = shared_cost < cost
     else:

@@ -39,7 +39,8 @@ from hflow.engine.rollout.vllm_engine import VLLMGenerator
 from hflow.engine.rollout.weight_sync import PackedBucket, bucket_count, weight_buckets
 from hflow.engine.seeding import seed_update
 from hflow.engine.specs import ActorSpec
-from hflow.engine.training.logprobs import batched_log_probs, can_share_prompts, ptx_loss, response_log_probs
+from hflow.engine.training.logprobs import (batched_log_probs, can_share_prompts, ptx_loss, response_log_probs,
+                                            scores_packed)
 from hflow.engine.rlmath.objective import ActorObjective
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.train_engine import TrainEngine
@@ -260,12 +261,13 @@ class ActorWorker(Worker):
         trained = 0  # tokens through forward and backward on this rank (for FLOP/s)
         self.phases.to_train()
         step, minis = int(batch.meta.get("step", 0)), [m for _ in range(o.epochs) for m in batch.split(local_mini)]
-        share = can_share_prompts(self.train_engine.forward, lockstep=o.zero_stage == 3 and self.world_size > 1)
+        lockstep = o.zero_stage == 3 and self.world_size > 1
+        share, packed = (f(self.train_engine.forward, lockstep) for f in (can_share_prompts, scores_packed))
         for index, mini in enumerate(minis, first_mini_batch):
             seed_update(self.spec.seed, "actor-update", step, self.rank, index)
             tokens = self._loss_divisor(mini[col.RESPONSE_MASK])
             micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens, self.world_size, self.device,
-                                   share_prompts=share, zero3=o.zero_stage == 3)
+                                   share_prompts=share, zero3=o.zero_stage == 3, packed=packed)
             micro_stats = []
             for i, micro in enumerate(micros):
                 self.train_engine.set_boundary(i == len(micros) - 1)

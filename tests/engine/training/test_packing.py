@@ -163,18 +163,43 @@ def test_micro_batches_share_prompts_only_where_that_computes_less(tiny_model):
     assert not any(m.meta["share_prompts"] for m in unshared)
 
 
-def test_micro_batches_cut_whole_rows_where_sharing_pads_more():
-    from hflow.engine.training.packing import micro_batches
-
-    # Two prompts of 2 tokens, each sampled 4 times: one 30-token answer and three 1-token ones.
-    # Shared: 2 x 2 + 8 x 30 (+ 32) = 276 at best; whole rows: 2 x 32 + 6 x 3 (+ 2 x 32) = 146.
+def _uneven_groups() -> Batch:
+    """Two prompts of 2 tokens, each sampled 4 times: one 30-token answer and three 1-token ones."""
     responses = torch.tensor([30, 1, 1, 1, 30, 1, 1, 1])
     response_mask = (torch.arange(30)[None] < responses[:, None]).long()
     attention = torch.cat([torch.ones(8, 2, dtype=torch.long), response_mask], 1)
     ids = torch.cat([torch.tensor([[5, 6]] * 4 + [[7, 8]] * 4), torch.full((8, 30), 9)], 1)
-    b = Batch({"input_ids": ids, "attention_mask": attention, "response_mask": response_mask,
-               "responses": ids[:, 2:]})
-    micros = micro_batches(b, micro_batch_size=8, micro_batch_tokens=None, world_size=1, device="cpu",
+    return Batch({"input_ids": ids, "attention_mask": attention, "response_mask": response_mask,
+                  "responses": ids[:, 2:]})
+
+
+def test_micro_batches_cut_whole_rows_where_sharing_pads_more():
+    from hflow.engine.training.packing import micro_batches
+
+    # Shared: 2 x 2 + 8 x 30 (+ 32) = 276 at best; whole rows: 2 x 32 + 6 x 3 (+ 2 x 32) = 146.
+    micros = micro_batches(_uneven_groups(), micro_batch_size=8, micro_batch_tokens=None, world_size=1, device="cpu",
                            share_prompts=True)
     assert not any(m.meta["share_prompts"] for m in micros)
     assert sorted(len(m) for m in micros) == [2, 6]
+
+
+def test_packed_micro_batches_count_the_rows_own_tokens():
+    """Packed rows compute no padding: sharing the prompts then always computes less (the same
+    batch: 2 x 2 + 66 own response tokens (+ 32) = 102 against whole rows' 8 x 2 + 66 (+ 32) = 114),
+    and the budget holds the rows' own tokens: 70 tokens fit a budget of 80, which 8 rows padded to
+    the longest (8 x 32) do not."""
+    from hflow.engine.training.packing import micro_batches, prompt_group_cut, token_budget_groups
+
+    micros = micro_batches(_uneven_groups(), micro_batch_size=8, micro_batch_tokens=80, world_size=1,
+                           device="cpu", share_prompts=True, packed=True)
+    assert [len(m) for m in micros] == [8] and micros[0].meta["share_prompts"]
+    lengths = torch.tensor([10, 3, 9, 4, 2, 30])
+    groups, cost = token_budget_groups(lengths, 20, packed=True, with_cost=True)
+    # The fewest groups within 20 own tokens (30 alone): 58 tokens and three overheads of 30.
+    assert len(groups) == 3 and cost == 58 + 3 * 30
+    assert [5] in groups and all(int(lengths[g].sum()) <= 20 for g in groups if g != [5])
+    assert token_budget_groups(lengths, 30, packed=True) == [[5], [0, 2, 3, 1, 4]]
+    groups = torch.tensor([0, 0, 1, 1])
+    rows, cost = prompt_group_cut(torch.tensor([4, 4, 6, 6]), torch.tensor([3, 1, 2, 5]), groups, 20,
+                                  packed=True, with_cost=True)
+    assert rows == [[2, 3], [0, 1]] and cost == (6 + 7) + (4 + 4) + 2 * 11
