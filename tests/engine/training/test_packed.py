@@ -56,6 +56,22 @@ def _grads(model, log_probs: torch.Tensor, weights: torch.Tensor) -> list[torch.
     return torch.autograd.grad((log_probs * weights).sum(), [p for p in model.parameters() if p.requires_grad])
 
 
+def _assert_same_grads(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
+
+
+def _alone_then_checkpointed(model, batch: Batch, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(random weights of the scored tokens, the gradients of each row alone under them); the model
+    is then put in training mode with activation checkpointing."""
+    weights = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(seed))
+    weights *= batch["response_mask"]
+    want = _grads(model, _alone(model, batch), weights)
+    model.gradient_checkpointing_enable()
+    model.train()
+    return weights, want
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("share", [True, False])
 def test_packed_rows_score_as_each_row_alone(kind, share):
@@ -68,8 +84,7 @@ def test_packed_rows_score_as_each_row_alone(kind, share):
     got, _ = logprobs.response_log_probs(model, batch, 1.0)
     assert model.config._attn_implementation == packed.PACKED  # the packed path ran
     torch.testing.assert_close(got * mask, want, rtol=1e-5, atol=1e-5)
-    for a, b in zip(_grads(model, got, weights), _grads(model, want, weights)):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
+    _assert_same_grads(_grads(model, got, weights), _grads(model, want, weights))
 
 
 @pytest.mark.parametrize("share", [True, False])
@@ -80,11 +95,7 @@ def test_checkpointing_recomputes_the_packed_attention_in_the_backward(share):
     checkpointing too."""
     model = _model("llama")
     batch = _batch(share)
-    weights = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(2))
-    weights *= batch["response_mask"]
-    want = _grads(model, _alone(model, batch), weights)
-    model.gradient_checkpointing_enable()
-    model.train()
+    weights, want = _alone_then_checkpointed(model, batch, 2)
     assert logprobs.shares_prompts(model, batch) == share
     calls = []
     original = packed.PackedRows.attend
@@ -94,8 +105,7 @@ def test_checkpointing_recomputes_the_packed_attention_in_the_backward(share):
     finally:
         packed.PackedRows.attend = original
     assert len(calls) == 2 * model.config.num_hidden_layers  # each layer: the forward, then its recomputation
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
+    _assert_same_grads(got, want)
 
 
 def test_only_a_model_that_packs_shares_prompts_under_checkpointing():
@@ -105,15 +115,9 @@ def test_only_a_model_that_packs_shares_prompts_under_checkpointing():
     model = _model("llama")
     model.config._attn_implementation = "eager"
     batch = _batch(True)
-    weights = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(4))
-    weights *= batch["response_mask"]
-    want = _grads(model, _alone(model, batch), weights)
-    model.gradient_checkpointing_enable()
-    model.train()
+    weights, want = _alone_then_checkpointed(model, batch, 4)
     assert not logprobs.can_share_prompts(model) and not logprobs.shares_prompts(model, batch)
-    got = _grads(model, logprobs.response_log_probs(model, batch, 1.0)[0], weights)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(b.abs().max())))
+    _assert_same_grads(_grads(model, logprobs.response_log_probs(model, batch, 1.0)[0], weights), want)
     model.config._attn_implementation = "sdpa"
     assert logprobs.can_share_prompts(model) and not logprobs.can_share_prompts(model, lockstep=True)
 
