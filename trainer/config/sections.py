@@ -97,8 +97,9 @@ class OptimConfig(Section):
     micro_batch_size: int = Field(8, gt=0, description="Sequences per forward/backward pass.")
     micro_batch_tokens: Optional[int] = Field(
         None, gt=0,
-        description="Token budget (rows x longest row) of a forward/backward pass; rows of similar "
-        "length are grouped and shared padding is cut. Default: micro_batch_size x the longest sequence.",
+        description="Token budget of a forward/backward pass: rows x its longest row, or, where the actor's rows run "
+        "packed (Llama, Qwen2/3 on SDPA attention), their own tokens; rows of similar length are grouped and "
+        "shared padding is cut. Default: micro_batch_size x the longest sequence.",
     )
     score_micro_batch_size: Optional[int] = Field(
         None, gt=0,
