@@ -78,21 +78,16 @@ def can_pack(forward) -> bool:
     return config._attn_implementation in ("sdpa", PACKED) and _registered()
 
 
-@dataclass
 class Grid:
-    """Where each of T packed tokens sits in a (batch, width) grid of rows, left-aligned."""
+    """Rows of `widths` tokens each (B,), packed one after the other: where each of the T packed
+    tokens sits in a (batch, width) grid of the rows, left-aligned."""
 
-    rows: torch.Tensor  # (T,) each token's row
-    columns: torch.Tensor  # (T,) its column in the row
-    batch: int
-    width: int
-
-    @classmethod
-    def of(cls, widths: torch.Tensor) -> "Grid":
-        """Rows of `widths` tokens each, packed one after the other."""
-        rows = torch.repeat_interleave(torch.arange(len(widths), device=widths.device), widths)
-        columns = torch.arange(len(rows), device=widths.device) - (widths.cumsum(0) - widths)[rows]
-        return cls(rows, columns, len(widths), int(widths.max()) if len(widths) else 0)
+    def __init__(self, widths: torch.Tensor):
+        self.widths, self.batch = widths, len(widths)
+        self.width = int(widths.max()) if self.batch else 0
+        self.offsets = widths.cumsum(0) - widths  # (B,) each row's first token in the packed sequence
+        self.rows = torch.repeat_interleave(torch.arange(self.batch, device=widths.device), widths)  # (T,)
+        self.columns = torch.arange(len(self.rows), device=widths.device) - self.offsets[self.rows]  # (T,)
 
     @property
     def tokens(self) -> int:
@@ -124,9 +119,7 @@ class PackedRows:
         self.attend_mask = None
         if self.prompts is not None:
             p, device = self.prompts, self.groups.device
-            lengths = torch.zeros(p.batch, dtype=torch.long, device=device).index_add_(
-                0, p.rows, torch.ones_like(p.rows))
-            before = torch.arange(p.width, device=device)[None] < lengths[self.groups][:, None]
+            before = torch.arange(p.width, device=device)[None] < p.widths[self.groups][:, None]
             before = before[:, None, None, :].expand(-1, 1, self.rows.width, -1)
             own = torch.ones(self.rows.width, self.rows.width, dtype=torch.bool, device=device).tril()
             self.attend_mask = torch.cat([before, own.expand(self.rows.batch, 1, -1, -1)], -1)
@@ -166,10 +159,10 @@ def packed_logits(forward, ids: torch.Tensor, widths: torch.Tensor, start: torch
     """Logits (K, V) at the K `scored` (row, column) pairs of the grid `ids` (B, >= max width): row
     b's first widths[b] tokens, at positions start[b], start[b] + 1, ..., run as one packed forward.
     Only for `can_pack` models."""
-    rows = Grid.of(widths.to(ids.device))
+    rows = Grid(widths.to(ids.device))
     at_row, at_column = scored
     return _forward(forward, ids[rows.rows, rows.columns], start[rows.rows] + rows.columns, PackedRows(rows),
-                    _offsets(rows)[at_row] + at_column)
+                    rows.offsets[at_row] + at_column)
 
 
 def packed_prompt_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, groups: torch.Tensor,
@@ -181,25 +174,15 @@ def packed_prompt_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.T
     `prompt_ids`, `prompt_mask`: (G, P) left-padded prompts. Returns the logits (G, V) at each
     prompt's last token (they predict its rows' first tokens) and (K, V) at the K `scored` (row,
     column) pairs of `ids`. Only for `can_pack` models."""
-    device = ids.device
-    at_prompt, at_column = prompt_mask.bool().nonzero(as_tuple=True)  # row-major: prompt by prompt
     lengths = prompt_mask.sum(-1)
-    prompts = Grid(at_prompt, at_column - (prompt_mask.shape[1] - lengths)[at_prompt], len(lengths),
-                   int(lengths.max()))
-    rows = Grid.of(widths.to(device))
-    tokens = torch.cat([prompt_ids[at_prompt, at_column], ids[rows.rows, rows.columns]])
+    prompts, rows = Grid(lengths), Grid(widths.to(ids.device))
+    padding = (prompt_mask.shape[1] - lengths)[prompts.rows]  # a prompt's tokens are its last `length` columns
+    tokens = torch.cat([prompt_ids[prompts.rows, padding + prompts.columns], ids[rows.rows, rows.columns]])
     positions = torch.cat([prompts.columns, lengths[groups][rows.rows] + rows.columns])
     at_row, at_column = scored
-    heads = torch.cat([_offsets(prompts) + lengths - 1, prompts.tokens + _offsets(rows)[at_row] + at_column])
+    heads = torch.cat([prompts.offsets + lengths - 1, prompts.tokens + rows.offsets[at_row] + at_column])
     logits = _forward(forward, tokens, positions, PackedRows(rows, prompts, groups), heads)
     return logits[:len(lengths)], logits[len(lengths):]
-
-
-def _offsets(grid: Grid) -> torch.Tensor:
-    """(batch,) where each row's first token sits in the packed sequence."""
-    widths = torch.zeros(grid.batch, dtype=torch.long, device=grid.rows.device).index_add_(
-        0, grid.rows, torch.ones_like(grid.rows))
-    return widths.cumsum(0) - widths
 
 
 def _forward(forward, tokens: torch.Tensor, positions: torch.Tensor, layout: PackedRows,

@@ -98,8 +98,10 @@ def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tenso
         return np.arange(i, 0, -1) * widest_prompt + (rows_before[i] - rows_before[:i]) * response[:i]
 
     overhead = max(1.0, float(prompt.max() + response.max())) if order else 0.0
-    own = prompt + np.array([float(response_lengths[unit_rows[u]].sum()) for u in order]) if packed else None
-    cuts, cost = _cheapest_cut(len(order), _summed(own) if packed else padded, overhead, max_tokens)
+    tokens = padded
+    if packed:
+        tokens = _summed(prompt + np.array([float(response_lengths[unit_rows[u]].sum()) for u in order]))
+    cuts, cost = _cheapest_cut(len(order), tokens, overhead, max_tokens)
     cuts = _split_to([[order[k] for k in group] for group in cuts], min_groups)
     rows = [[row for u in chosen for row in unit_rows[u]] for chosen in cuts]
     # Fewer prompt groups than `min_groups`: split within a group (each part runs its prompt).

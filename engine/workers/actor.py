@@ -262,7 +262,8 @@ class ActorWorker(Worker):
         self.phases.to_train()
         step, minis = int(batch.meta.get("step", 0)), [m for _ in range(o.epochs) for m in batch.split(local_mini)]
         lockstep = o.zero_stage == 3 and self.world_size > 1
-        share, packed = (f(self.train_engine.forward, lockstep) for f in (can_share_prompts, scores_packed))
+        share = can_share_prompts(self.train_engine.forward, lockstep)
+        packed = scores_packed(self.train_engine.forward, lockstep)
         for index, mini in enumerate(minis, first_mini_batch):
             seed_update(self.spec.seed, "actor-update", step, self.rank, index)
             tokens = self._loss_divisor(mini[col.RESPONSE_MASK])
