@@ -118,6 +118,8 @@ class FastDecoder:
                 w.pack(rows)
             self.head_weight = packed(self.head_weight, rows)
         self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        half = self.head_dim // 2  # rotate_half(x) x sin is roll(x) x signed_sin (`_rotary`)
+        self.signed_sin = torch.cat((-self.sin[:, :half], self.sin[:, half:]), -1)
         self.meter = work_meter.meter_of(inner.embed_tokens)  # told each step's cache length
 
     def select(self, rows: torch.Tensor) -> None:
@@ -152,10 +154,7 @@ class FastDecoder:
 
     def _linear(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The projection of x (in, B) as (out, B): `weight @ x`, the weight as the product's tall
-        operand; on a CPU below `WEIGHT_LEFT_FROM_ROWS` rows, `F.linear` on the rows instead, and
-        oneDNN's product on the rows where it runs (contiguous rows: 8% faster than a transposed view)."""
-        if self.onednn:
-            return product(x.t().contiguous(), weight, bias).t()
+        operand; on a CPU below `WEIGHT_LEFT_FROM_ROWS` rows, `F.linear` on the rows instead."""
         if self.weight_left or x.shape[1] >= WEIGHT_LEFT_FROM_ROWS:
             out = torch.mm(weight, x)
             return out if bias is None else out.add_(bias[:, None])
@@ -177,11 +176,14 @@ class FastDecoder:
         The hidden state is carried as (hidden, B), so that every projection can be `weight @ x`:
         with a decoding batch of tens of rows, a CPU's matrix product runs 1.3-2.8x faster with
         the weight matrix as its tall left operand than as `F.linear`'s transposed right one
-        (SmolLM2's shapes, 32 rows; the LM head 2x); with a few rows, slower (`_linear`)."""
+        (SmolLM2's shapes, 32 rows; the LM head 2x); with a few rows, slower (`_linear`). With oneDNN's
+        products, in rows instead (`_step_rows`)."""
+        if self.meter is not None:
+            self.meter.cached = self.length  # every row attends to length + 1 columns, padding included
+        if self.onednn:
+            return self._step_rows(tokens)
         batch = tokens.shape[0]
         slot = self.length
-        if self.meter is not None:
-            self.meter.cached = slot  # every row attends to slot + 1 columns, padding included
         h = self.model.model.embed_tokens(tokens[:, None])[:, 0].t().contiguous()  # (hidden, B)
         cos = self.cos[self.next_position][:, None, None, :]
         sin = self.sin[self.next_position][:, None, None, :]
@@ -189,16 +191,13 @@ class FastDecoder:
         linear = self._linear
         for i, w in enumerate(self.weights):
             x = self._norm(h, w.input_norm, w.eps)
-            if w.qkv is not None:
-                q, k, v = self._joined_qkv(w, x, cos, sin)
-            else:
-                q = linear(w.q, x, w.q_bias).t().view(batch, kv_heads, group, head_dim)
-                k = linear(w.k, x, w.k_bias).t().view(batch, kv_heads, 1, head_dim)
-                # One rotary pass over the query heads and the key together.
-                qk = torch.cat((q, k), dim=2)
-                qk = qk * cos + rotate_half(qk) * sin
-                q, k = qk[:, :, :group], qk[:, :, group:]
-                v = linear(w.v, x, w.v_bias).t().view(batch, kv_heads, 1, head_dim)
+            q = linear(w.q, x, w.q_bias).t().view(batch, kv_heads, group, head_dim)
+            k = linear(w.k, x, w.k_bias).t().view(batch, kv_heads, 1, head_dim)
+            # One rotary pass over the query heads and the key together.
+            qk = torch.cat((q, k), dim=2)
+            qk = qk * cos + rotate_half(qk) * sin
+            q, k = qk[:, :, :group], qk[:, :, group:]
+            v = linear(w.v, x, w.v_bias).t().view(batch, kv_heads, 1, head_dim)
             self.keys[i][:, :, slot:slot + 1] = k
             self.values[i][:, :, slot:slot + 1] = v
             out = self._attention(q, i, slot + 1, w.scale)
@@ -212,34 +211,57 @@ class FastDecoder:
             self.meter.on_head(head, (h.t(),), None)  # the head runs below, not through its module
         return self._head(self.head_weight, h, head.bias)
 
-    def _joined_qkv(self, w: "LayerWeights", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q (B, kv_heads, group, head_dim), k and v (B, kv_heads, 1, head_dim) from one product on
-        the joined q/k/v weights (oneDNN's, `LayerWeights.pack`), the rotary pass over the query
-        and key heads together as they come out of it."""
-        batch, kv_heads, head_dim = x.shape[1], self.kv_heads, self.head_dim
-        rows = product(x.t().contiguous(), w.qkv, w.qkv_bias)  # (B, (heads + 2 kv_heads) x head_dim)
+    def _step_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`step` with oneDNN's products (`LayerWeights.pack`), the hidden state carried as rows
+        (B, hidden), as those products take and give it: nothing is transposed, each norm is one
+        kernel (`F.rms_norm`) and the rotary pass three (`_rotary`). Against (hidden, B): a step of the
+        3.5M model at 64 rows 3.27 ms against 3.56, base's 48.8 against 50.0, SmolLM2's at 32 rows
+        39.0 against 41.4 (medians, `benchmarks/decode_step_ab.py`, 2026-11-27)."""
+        batch, slot, inner = tokens.shape[0], self.length, self.model.model
+        h = inner.embed_tokens(tokens[:, None])[:, 0]  # (B, hidden)
+        width = h.shape[-1:]
+        cos, sin = self.cos[self.next_position][:, None], self.signed_sin[self.next_position][:, None]
+        for i, w in enumerate(self.weights):
+            rows = product(F.rms_norm(h, width, w.input_norm, w.eps), w.qkv, w.qkv_bias)
+            q, k, v = self._split_qkv(rows, cos, sin)
+            self.keys[i][:, :, slot:slot + 1] = k
+            self.values[i][:, :, slot:slot + 1] = v
+            out = self._attention(q, i, slot + 1, w.scale).reshape(batch, -1)
+            h = h + product(out, w.o, w.o_bias)
+            rows = product(F.rms_norm(h, width, w.post_norm, w.eps), w.gate_up)  # gate, then up
+            inter = rows.shape[1] // 2
+            h = h + product(F.silu(rows[:, :inter]).mul_(rows[:, inter:]), w.down)
+        self.length = slot + 1
+        self.next_position = self.next_position + 1
+        h = F.rms_norm(h, width, *self.final_norm)
+        head = self.model.lm_head
+        if self.meter is not None:
+            self.meter.on_head(head, (h,), None)
+        return product(h, self.head_weight, head.bias)
+
+    def _split_qkv(self, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q (B, kv_heads, group, head_dim), k and v (B, kv_heads, 1, head_dim) from the joined q/k/v
+        product's rows (B, (heads + 2 kv_heads) x head_dim), the rotary pass over the query and key
+        heads together."""
+        batch, kv_heads, head_dim = rows.shape[0], self.kv_heads, self.head_dim
         qk_width = (self.heads + kv_heads) * head_dim
-        qk = rows[:, :qk_width].view(batch, self.heads + kv_heads, head_dim)
-        cos, sin = cos.view(batch, 1, head_dim), sin.view(batch, 1, head_dim)
-        qk = qk * cos + rotate_half(qk) * sin
+        qk = self._rotary(rows[:, :qk_width].view(batch, self.heads + kv_heads, head_dim), cos, sin)
         return (qk[:, :self.heads].view(batch, kv_heads, self.group, head_dim),
                 qk[:, self.heads:].view(batch, kv_heads, 1, head_dim),
                 rows[:, qk_width:].view(batch, kv_heads, 1, head_dim))
 
+    def _rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x x cos + rotate_half(x) x sin, for (B, heads, head_dim) x and `signed_sin`'s rows as `sin`."""
+        return torch.addcmul(x * cos, x.roll(self.head_dim // 2, -1), sin)
+
     def _mlp(self, w: "LayerWeights", x: torch.Tensor) -> torch.Tensor:
-        """SwiGLU of x (hidden, B) as (hidden, B): with joined gate/up weights (oneDNN's), one product
-        for both, the activation kept in rows for the down projection."""
-        if w.gate_up is None:
-            return self._linear(w.down, F.silu(self._linear(w.gate, x, None)).mul_(self._linear(w.up, x, None)), None)
-        rows = product(x.t().contiguous(), w.gate_up)  # (B, 2 x intermediate): gate, then up
-        inter = rows.shape[1] // 2
-        return product(F.silu(rows[:, :inter]).mul_(rows[:, inter:]), w.down).t()
+        """SwiGLU of x (hidden, B) as (hidden, B), by the step's own products (`_linear`)."""
+        return self._linear(w.down, F.silu(self._linear(w.gate, x, None)).mul_(self._linear(w.up, x, None)), None)
 
     def _head(self, weight: torch.Tensor, h: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The logits (B, vocab) in float32, contiguous, from h (hidden, B): on a CPU from
-        `WEIGHT_LEFT_FROM_ROWS` rows up, slice by slice of the vocabulary (`HEAD_SLICE_ROWS`), unless
-        oneDNN runs it (one product, whose rows come back (B, vocab) already)."""
-        if self.weight_left or self.onednn or bias is not None or h.shape[1] < WEIGHT_LEFT_FROM_ROWS:
+        `WEIGHT_LEFT_FROM_ROWS` rows up, slice by slice of the vocabulary (`HEAD_SLICE_ROWS`)."""
+        if self.weight_left or bias is not None or h.shape[1] < WEIGHT_LEFT_FROM_ROWS:
             return self._linear(weight, h, bias).t().float().contiguous()
         logits = h.new_empty(h.shape[1], weight.shape[0], dtype=torch.float32)
         for start in range(0, weight.shape[0], HEAD_SLICE_ROWS):

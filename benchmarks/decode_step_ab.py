@@ -1,0 +1,82 @@
+"""One decoding step of the lean `hf` path (`engine/rollout/fast_decode.py`) at a commit against the
+working tree's, in one process, rounds alternating (the machine's drift falls on both alike).
+
+    python benchmarks/decode_step_ab.py --before HEAD~1 --model /tmp/m/small --rows 64 --rounds 12
+
+Both decoders start from the same prefill (prompts of `--prompt` random tokens) and are fed the same
+tokens for `--steps` steps; milliseconds per step, sorted, and the largest difference between the
+two's last logits. The models are hflow's (its linear layers routed as `hflow train` routes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = "engine/rollout/fast_decode.py"
+
+
+def module_at(revision: str | None, name: str):
+    """`fast_decode` as it is at `revision` (None: the working tree), imported under `name`."""
+    path = ROOT / SOURCE
+    if revision is not None:
+        text = subprocess.run(["git", "show", f"{revision}:{SOURCE}"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout
+        path = Path(tempfile.mkdtemp()) / "fast_decode.py"
+        path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="a git revision")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--prompt", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=56)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    a = parser.parse_args()
+    torch.set_num_threads(a.threads)
+    from transformers import AutoModelForCausalLM
+
+    from hflow.engine import cpu_products
+    from hflow.engine.padding import positions
+
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+    cpu_products.route_linears(model)
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (a.rows, a.prompt), generator=g)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        cache = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True).past_key_values
+    tokens = torch.randint(3, vocab, (a.steps, a.rows), generator=g)
+    versions = {"before": module_at(a.before, "fast_decode_before"), "after": module_at(None, "fast_decode_after")}
+    times, last = {k: [] for k in versions}, {}
+    for r in range(a.rounds):
+        for name in (list(versions) if r % 2 == 0 else list(versions)[::-1]):
+            decoder = versions[name].FastDecoder(model, cache, mask, a.steps)
+            start = time.perf_counter()
+            for step in tokens:
+                last[name] = decoder.step(step)
+            times[name].append((time.perf_counter() - start) * 1e3 / a.steps)
+    print(f"{a.model}: {a.rows} rows, {a.steps} steps after {a.prompt} prompt tokens, {a.rounds} rounds")
+    for name, ms in times.items():
+        print(f"{name:7s} ms/step median {statistics.median(ms):.3f}  all {', '.join(f'{t:.2f}' for t in sorted(ms))}")
+    print(f"largest difference of the last logits: {float((last['before'] - last['after']).abs().max()):.2e}")
+
+
+if __name__ == "__main__":
+    main()
