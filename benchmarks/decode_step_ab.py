@@ -3,15 +3,18 @@ working tree's, in one process, rounds alternating (the machine's drift falls on
 
     python benchmarks/decode_step_ab.py --before HEAD~1 --model /tmp/m/small --rows 64 --rounds 12
 
-Both decoders start from the same prefill (prompts of `--prompt` random tokens) and are fed the same
-tokens for `--steps` steps; milliseconds per step, sorted, and the largest difference between the
-two's last logits. The models are hflow's (its linear layers routed as `hflow train` routes them).
+Both decoders start from the same prefill (`--rows` / `--repeat` prompts of `--prompt` random
+tokens, each sampled `--repeat` times) and are fed the same tokens for `--steps` steps; milliseconds
+per step, sorted, and the largest difference between the two's last logits. The models are hflow's
+(its linear layers routed as `hflow train` routes them). A commit whose decoder takes no `repeat`
+gets the prefill repeated to every row.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import subprocess
 import tempfile
@@ -44,6 +47,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=1, help="samples per prompt")
     parser.add_argument("--steps", type=int, default=56)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
@@ -58,21 +62,30 @@ def main() -> None:
     cpu_products.route_linears(model)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    ids = torch.randint(3, vocab, (a.rows, a.prompt), generator=g)
+    ids = torch.randint(3, vocab, (a.rows // a.repeat, a.prompt), generator=g)
     mask = torch.ones_like(ids)
-    with torch.no_grad():
-        cache = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True).past_key_values
+
+    def decoder(module):
+        """A fresh prefill, and `module`'s decoder on it."""
+        with torch.no_grad():
+            cache = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True).past_key_values
+        if "repeat" in inspect.signature(module.FastDecoder).parameters:
+            return module.FastDecoder(model, cache, mask, a.steps, repeat=a.repeat)
+        cache.batch_repeat_interleave(a.repeat)
+        return module.FastDecoder(model, cache, mask.repeat_interleave(a.repeat, 0), a.steps)
+
     tokens = torch.randint(3, vocab, (a.steps, a.rows), generator=g)
     versions = {"before": module_at(a.before, "fast_decode_before"), "after": module_at(None, "fast_decode_after")}
     times, last = {k: [] for k in versions}, {}
     for r in range(a.rounds):
         for name in (list(versions) if r % 2 == 0 else list(versions)[::-1]):
-            decoder = versions[name].FastDecoder(model, cache, mask, a.steps)
+            decode = decoder(versions[name])
             start = time.perf_counter()
             for step in tokens:
-                last[name] = decoder.step(step)
+                last[name] = decode.step(step)
             times[name].append((time.perf_counter() - start) * 1e3 / a.steps)
-    print(f"{a.model}: {a.rows} rows, {a.steps} steps after {a.prompt} prompt tokens, {a.rounds} rounds")
+    print(f"{a.model}: {a.rows} rows ({a.repeat} per prompt), {a.steps} steps after {a.prompt} prompt tokens, "
+          f"{a.rounds} rounds")
     for name, ms in times.items():
         print(f"{name:7s} ms/step median {statistics.median(ms):.3f}  all {', '.join(f'{t:.2f}' for t in sorted(ms))}")
     print(f"largest difference of the last logits: {float((last['before'] - last['after']).abs().max()):.2e}")

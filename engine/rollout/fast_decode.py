@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from hflow.engine import work_meter
 from hflow.engine.cpu_products import packed, product, routes
+from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache, shares_prompts
 
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
 # With torch's BLAS: from this many rows up, a CPU's (MKL's) float32 product runs faster as
@@ -62,43 +63,30 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class FastDecoder:
-    """The KV cache of a batch being decoded, and one decoding step on it.
+    """A batch being decoded: its KV cache (`decode_cache.py`) and one decoding step on it.
 
-    Every row's next token goes into the same cache column (`length`); a row's position is
-    its own count of real tokens, so left padding never shifts the rotary phase.
+    The batch is `repeat` samples of each prefilled prompt (`cache` and `mask`: the prefill's, one
+    row per prompt). A row's position is its own count of real tokens, so left padding never shifts
+    the rotary phase.
     """
 
-    def __init__(self, model, cache, mask: torch.Tensor, max_new_tokens: int):
+    def __init__(self, model, cache, mask: torch.Tensor, max_new_tokens: int, repeat: int = 1):
         self.model = model
         inner = model.model
-        self.length = mask.shape[1]  # columns filled so far
-        capacity = self.length + max_new_tokens
-        self.keys, self.values = [], []
-        for layer in cache.layers:
-            k, v = layer.keys, layer.values
-            keys = k.new_zeros(k.shape[0], k.shape[1], capacity, k.shape[3])
-            values = torch.zeros_like(keys)
-            keys[:, :, :self.length] = k
-            values[:, :, :self.length] = v
-            self.keys.append(keys)
-            self.values.append(values)
-        dtype, device = self.keys[0].dtype, mask.device
-        # Columns past the prompt are always real tokens (finished rows are fed padding
-        # tokens that nobody reads), so only the prompt's padding is ever masked.
-        self.manual = device.type == "cpu" and dtype == torch.float32
+        dtype, device = cache.layers[0].keys.dtype, mask.device
+        # The written-out attention (two products and a softmax) on a CPU in float32, else SDPA's.
+        manual = device.type == "cpu" and dtype == torch.float32
+        if shares_prompts(manual, repeat, mask.shape[1]):
+            self.cache = SharedPromptCache(cache, mask, repeat, max_new_tokens)
+        else:
+            self.cache = RowCache(cache, mask, repeat, max_new_tokens, manual)
+        capacity = mask.shape[1] + max_new_tokens
         self.weight_left = device.type != "cpu"  # else by the batch's rows (`_linear`)
         # oneDNN's products where they beat the BLAS here (`cpu_products.py`): F.linear's layout,
         # no row-count steps (SmolLM2's 210 products: 22 to 32 ms at 12 to 32 rows, smoothly,
         # benchmarks/cpu_products.py).
         self.onednn = routes(inner.layers[0].self_attn.q_proj.weight)
-        pad = torch.zeros(mask.shape[0], capacity, dtype=torch.bool, device=device)
-        pad[:, :self.length] = mask == 0
-        if self.manual:
-            self.attend = torch.zeros(pad.shape, dtype=dtype, device=device).masked_fill(pad, float("-inf"))
-        else:
-            self.attend = ~pad
-        self.attend = self.attend[:, None, None, :]
-        self.next_position = mask.sum(-1)
+        self.next_position = mask.sum(-1).repeat_interleave(repeat)
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
@@ -113,7 +101,7 @@ class FastDecoder:
         self.weights = [LayerWeights(layer) for layer in inner.layers]
         self.head_weight = model.lm_head.weight
         if self.onednn:
-            rows = mask.shape[0]
+            rows = mask.shape[0] * repeat
             for w in self.weights:
                 w.pack(rows)
             self.head_weight = packed(self.head_weight, rows)
@@ -123,16 +111,9 @@ class FastDecoder:
         self.meter = work_meter.meter_of(inner.embed_tokens)  # told each step's cache length
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only these rows, row `rows[j]` in slot j (finished sequences leave the batch). The
-        cache is compacted in place: only the rows whose slot changes are copied, and only the
-        columns filled so far; the buffers keep their capacity (the first len(rows) slots are used)."""
-        moved = (rows != torch.arange(len(rows), device=rows.device)).nonzero().squeeze(-1)
-        source = rows[moved]
-        for buffers in (self.keys, self.values):
-            for i, t in enumerate(buffers):
-                t[moved, :, :self.length] = t[source, :, :self.length]
-                buffers[i] = t[:len(rows)]
-        self.attend = self.attend[rows]
+        """Keep only these rows, row `rows[j]` in slot j (finished sequences leave the batch; the
+        cache moves only the rows that fill the holes)."""
+        self.cache.select(rows)
         self.next_position = self.next_position[rows]
 
     def batch_rows(self, live: int, batch: int) -> int:
@@ -160,15 +141,6 @@ class FastDecoder:
             return out if bias is None else out.add_(bias[:, None])
         return F.linear(x.t().contiguous(), weight, bias).t()
 
-    def _attention(self, q: torch.Tensor, i: int, end: int, scale: float) -> torch.Tensor:
-        """q (B, kv_heads, group, head_dim) against the cache's first `end` columns."""
-        keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]
-        attend = self.attend[..., :end]
-        if self.manual:
-            scores = torch.matmul(q * scale, keys.transpose(-1, -2)).add_(attend)
-            return torch.matmul(scores.softmax(-1), values)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=scale)
-
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (B, vocab) after appending `tokens` (B,) to every row.
@@ -179,11 +151,10 @@ class FastDecoder:
         (SmolLM2's shapes, 32 rows; the LM head 2x); with a few rows, slower (`_linear`). With oneDNN's
         products, in rows instead (`_step_rows`)."""
         if self.meter is not None:
-            self.meter.cached = self.length  # every row attends to length + 1 columns, padding included
+            self.meter.cached = self.cache.columns  # every row attends to one more, padding included
         if self.onednn:
             return self._step_rows(tokens)
         batch = tokens.shape[0]
-        slot = self.length
         h = self.model.model.embed_tokens(tokens[:, None])[:, 0].t().contiguous()  # (hidden, B)
         cos = self.cos[self.next_position][:, None, None, :]
         sin = self.sin[self.next_position][:, None, None, :]
@@ -198,12 +169,11 @@ class FastDecoder:
             qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :, :group], qk[:, :, group:]
             v = linear(w.v, x, w.v_bias).t().view(batch, kv_heads, 1, head_dim)
-            self.keys[i][:, :, slot:slot + 1] = k
-            self.values[i][:, :, slot:slot + 1] = v
-            out = self._attention(q, i, slot + 1, w.scale)
+            self.cache.append(i, k, v)
+            out = self.cache.attention(q, i, w.scale)
             h = h + linear(w.o, out.reshape(batch, -1).t(), w.o_bias)
             h = h + self._mlp(w, self._norm(h, w.post_norm, w.eps))
-        self.length = slot + 1
+        self.cache.columns += 1
         self.next_position = self.next_position + 1
         h = self._norm(h, *self.final_norm)
         head = self.model.lm_head
@@ -217,21 +187,20 @@ class FastDecoder:
         kernel (`F.rms_norm`) and the rotary pass three (`_rotary`). Against (hidden, B): a step of the
         3.5M model at 64 rows 3.27 ms against 3.56, base's 48.8 against 50.0, SmolLM2's at 32 rows
         39.0 against 41.4 (medians, `benchmarks/decode_step_ab.py`, 2026-11-27)."""
-        batch, slot, inner = tokens.shape[0], self.length, self.model.model
+        batch, inner = tokens.shape[0], self.model.model
         h = inner.embed_tokens(tokens[:, None])[:, 0]  # (B, hidden)
         width = h.shape[-1:]
         cos, sin = self.cos[self.next_position][:, None], self.signed_sin[self.next_position][:, None]
         for i, w in enumerate(self.weights):
             rows = product(F.rms_norm(h, width, w.input_norm, w.eps), w.qkv, w.qkv_bias)
             q, k, v = self._split_qkv(rows, cos, sin)
-            self.keys[i][:, :, slot:slot + 1] = k
-            self.values[i][:, :, slot:slot + 1] = v
-            out = self._attention(q, i, slot + 1, w.scale).reshape(batch, -1)
+            self.cache.append(i, k, v)
+            out = self.cache.attention(q, i, w.scale).reshape(batch, -1)
             h = h + product(out, w.o, w.o_bias)
             rows = product(F.rms_norm(h, width, w.post_norm, w.eps), w.gate_up)  # gate, then up
             inter = rows.shape[1] // 2
             h = h + product(F.silu(rows[:, :inter]).mul_(rows[:, inter:]), w.down)
-        self.length = slot + 1
+        self.cache.columns += 1
         self.next_position = self.next_position + 1
         h = F.rms_norm(h, width, *self.final_norm)
         head = self.model.lm_head

@@ -1,7 +1,8 @@
 """The `hf` generation engine: batched sampling with a KV cache on a transformers model.
 
 It runs on the actor's own module (no copy of the weights): the n samples of a prompt
-share one prefill (the prompt's KV cache is repeated n times), finished sequences leave
+share one prefill (the prompt's KV cache is repeated n times, or, decoding long prompts on a CPU,
+read once for all n: `decode_cache.py`), finished sequences leave
 the decoding batch (a quarter of it at a time) so they stop costing compute, and the
 per-token log-probs of the sampled tokens come out of generation.
 
@@ -176,13 +177,12 @@ class HFGenerator:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
                          **logits_kwargs(self.model, 1, width, device))
         cache = out.past_key_values
-        cache.batch_repeat_interleave(n)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)
-        mask = mask.repeat_interleave(n, 0)
-        if self.fast:
-            decoder = FastDecoder(self.model, cache, mask, params.max_new_tokens)
+        if self.fast:  # the prompts' keys repeated to their n samples, or shared by them (`decode_cache.py`)
+            decoder = FastDecoder(self.model, cache, mask, params.max_new_tokens, repeat=n)
         else:
-            decoder = ForwardDecoder(self.model, cache, mask)
+            cache.batch_repeat_interleave(n)
+            decoder = ForwardDecoder(self.model, cache, mask.repeat_interleave(n, 0))
         rows = len(prompts) * n
         active = torch.arange(rows, device=device)  # the output row of each batch slot
         finished = None  # (batch,) bool once some rows in the batch have ended, else None
