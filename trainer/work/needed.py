@@ -143,11 +143,16 @@ def weights_bytes(shape: ModelShape, lm_head: bool, dtype_bytes: int) -> float:
 
 def generation_bytes(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_bytes: int) -> float:
     """Bytes generation reads: per decode batch (`batch_rows` consecutive rows) the weights at its
-    prefill and at each decoding step (its longest response less one), and each row's KV cache at
-    each of its decoding steps (r - 1 steps over the keys of `scoring_counts`)."""
+    prefill and at each decoding step (its longest response less one); at each decoding step, a
+    prompt's KV cache once for its group (its samples can read it together, as the hf engine does
+    with long prompts: `engine/rollout/decode_cache.py`) and each row's own tokens' (r - 1 steps)."""
     steps = (rows.response_lengths - 1).clamp(min=0)
     reads = sum(1 + int(part.max()) for part in steps.split(max(1, batch_rows)))
-    kv_keys = int(causal_sum(rows.prompt_lengths, steps).sum())
+    inverse = torch.unique(rows.groups, return_inverse=True)[1]
+    group_steps = torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0, dtype=torch.long).scatter_reduce(
+        0, inverse, steps, "amax")
+    group_prompts = torch.zeros_like(group_steps).scatter_reduce(0, inverse, rows.prompt_lengths, "amax")
+    kv_keys = int((group_prompts * group_steps).sum() + causal_sum(torch.zeros_like(steps), steps).sum())
     return reads * weights_bytes(shape, True, dtype_bytes) + kv_keys * shape.kv_bytes_per_token(dtype_bytes)
 
 

@@ -79,9 +79,12 @@ def test_computed_flops_count_the_backward_twice():
 
 def test_generation_reads_the_weights_per_decoding_step_of_each_decode_batch():
     # float32 weights: 388 x 4 = 1552 bytes. Decode batches of 2 rows: rows 0-1 decode max(1, 3) = 3
-    # steps after their prefill (4 reads), row 2 none (1 read): 5 x 1552. KV cache: the 19 decode
-    # keys of `scoring_counts` x 2 (K and V) x 2 layers x kv_dim 2 x 4 bytes = 19 x 32.
-    assert generation_bytes(SHAPE, ROWS, batch_rows=2, dtype_bytes=4) == 5 * 1552 + 19 * 32
+    # steps after their prefill (4 reads), row 2 none (1 read): 5 x 1552. KV cache, per key 2 (K and V)
+    # x 2 layers x kv_dim 2 x 4 bytes = 32: group "a"'s prompt once at each of its 3 steps (3 x 3
+    # keys), its rows' own tokens 1 and 1 + 2 + 3; group "b" none: 16 keys (19 read row by row).
+    assert generation_bytes(SHAPE, ROWS, batch_rows=2, dtype_bytes=4) == 5 * 1552 + 16 * 32
+    alone = step_rows(MASK, 4, None)  # each row its own group: its prompt at each of its steps
+    assert generation_bytes(SHAPE, alone, batch_rows=2, dtype_bytes=4) == 5 * 1552 + 19 * 32
 
 
 def test_an_update_reads_weights_twice_and_adamw_state_per_optimizer_step():
