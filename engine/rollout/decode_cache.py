@@ -92,7 +92,8 @@ class RowCache:
 class SharedPromptCache:
     """Each prompt's keys and values once (the prefill's, G prompts), each row's own tokens' in a
     preallocated buffer per layer. A prompt's samples sit in a (G x repeat) grid; `grid` holds each
-    batch row's place in it (rows leave the batch, their places stay)."""
+    batch row's place in it (rows leave the batch, their places stay until their whole prompt has
+    left: `select`)."""
 
     def __init__(self, prefill, mask: torch.Tensor, repeat: int, max_new_tokens: int):
         self.prompt = mask.shape[1]
@@ -137,8 +138,18 @@ class SharedPromptCache:
         return rows.reshape(prompts * self.repeat, kv_heads, -1, width).index_select(0, self.grid)
 
     def select(self, rows: torch.Tensor) -> None:
+        """Keep these rows (`RowCache.select`); once a quarter of the prompts held have no row left,
+        only the others' keys and values are kept (a copy), so that no step reads a finished
+        prompt's for long."""
         _compact(self.keys, self.values, rows, self.columns - self.prompt)
         self.grid = self.grid[rows]
+        groups = self.grid // self.repeat
+        live = torch.unique(groups)  # sorted
+        if 4 * len(live) <= 3 * len(self.prompt_keys[0]):
+            self.prompt_keys = [k[live] for k in self.prompt_keys]
+            self.prompt_values = [v[live] for v in self.prompt_values]
+            self.prompt_attend = self.prompt_attend[live]
+            self.grid = torch.searchsorted(live, groups) * self.repeat + self.grid % self.repeat
 
 
 def _compact(keys: list, values: list, rows: torch.Tensor, filled: int) -> None:

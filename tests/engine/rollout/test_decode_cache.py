@@ -38,8 +38,9 @@ def test_the_layout_is_chosen_by_the_prompt_keys_a_step_would_read_again():
 @pytest.mark.parametrize("shared", [True, False])
 def test_shared_prompts_decode_as_the_forward_on_a_repeated_cache(shared, monkeypatch, cpu_products):
     """3 prompts of 5, 2 and 7 tokens (left-padded), 3 samples each; after two steps rows 1, 4 and 5
-    leave (the last rows fill their slots), then two more steps: every step's logits are the
-    forward's."""
+    leave (the last rows fill their slots), after three the first prompt's last samples (its whole
+    group gone: the shared cache keeps only the other two prompts), then a fifth step: every step's
+    logits are the forward's."""
     monkeypatch.setattr(decode_cache, "SHARED_PROMPT_KEYS", 1 if shared else 10**6)
     model = _model()
     g = torch.Generator().manual_seed(1)
@@ -52,22 +53,23 @@ def test_shared_prompts_decode_as_the_forward_on_a_repeated_cache(shared, monkey
     with torch.no_grad():
         prefill = lambda: model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),  # noqa: E731
                                 use_cache=True).past_key_values
-        fast = FastDecoder(model, prefill(), mask, 4, repeat=REPEAT)
+        fast = FastDecoder(model, prefill(), mask, 5, repeat=REPEAT)
         assert isinstance(fast.cache, SharedPromptCache if shared else RowCache)
         repeated = prefill()
         repeated.batch_repeat_interleave(REPEAT)
         slow = ForwardDecoder(model, repeated, mask.repeat_interleave(REPEAT, 0))
-        rows = len(lengths) * REPEAT
-        for step in range(4):
-            if step == 2:
-                leaving = torch.zeros(rows, dtype=torch.bool)
-                leaving[[1, 4, 5]] = True
-                keep = kept_in_place(leaving)
+        rows = torch.arange(len(lengths) * REPEAT)  # the output row in each batch slot
+        for step in range(5):
+            leaving = {2: [1, 4, 5], 3: [0, 2]}.get(step)  # rows 0-2 are the first prompt's
+            if leaving:
+                keep = kept_in_place(torch.isin(rows, torch.tensor(leaving)))
                 for decoder in (fast, slow):
                     decoder.select(keep)
-                rows = len(keep)
-            tokens = torch.randint(3, 97, (rows,), generator=g)
+                rows = rows[keep]
+            tokens = torch.randint(3, 97, (len(rows),), generator=g)
             torch.testing.assert_close(fast.step(tokens), slow.step(tokens), rtol=1e-5, atol=1e-5)
+        if shared:
+            assert len(fast.cache.prompt_keys[0]) == 2  # the first prompt's keys were let go
 
 
 def test_the_engine_samples_the_same_tokens_with_shared_prompts(tiny_model, monkeypatch):
