@@ -1,6 +1,6 @@
 """The KV cache of a batch being decoded by the lean step (`fast_decode.py`), in one of two layouts.
 
-A batch's rows are a prompts' samples: prompt g's `repeat` samples are rows g x repeat ... . The
+A batch's rows are its prompts' samples: prompt g's `repeat` samples are rows g x repeat ... . The
 prefill runs each prompt once; its keys and values are then either
 
   repeated  copied to every sample's row (`RowCache`): each row attends to its own buffer, the
