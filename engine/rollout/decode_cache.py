@@ -10,7 +10,8 @@ prefill runs each prompt once; its keys and values are then either
 
 Sharing reads a prompt's keys and values once per step instead of once per sample, and holds them
 once, for more work per step (the rows gathered into their prompts' grids and back). On a CPU in
-float32 (the step's written-out attention), with SmolLM2's heads, 30 layers and all rows live, it
+float32 (the step's written-out attention), with SmolLM2's heads (and the 3.5M model's where two
+figures are given), 30 layers and all rows live, it
 ran 0.82-0.92x as fast as repeating at 45-64 prompt tokens x 4 samples, 1.04x at 96, 1.14-1.20x at
 128, 1.30x at 192, 1.43x at 256 and 1.67x at 256 x 16 samples (2026-11-27, docs/benchmarks.md):
 it is taken from `SHARED_PROMPT_KEYS` repeated prompt keys a row reads per step, elsewhere (a GPU's
