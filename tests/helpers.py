@@ -144,7 +144,8 @@ def assert_same_events(want: list[dict], got: list[dict], not_compared: tuple[st
     for a, b in zip(want, got):
         compared = [k for k in a if not k.startswith(not_compared)]
         assert all(k in compared for k in required), (required, compared)
-        assert {k: b[k] for k in compared} == {k: a[k] for k in compared}, a["step"]
+        differ = {k: (a[k], b.get(k, "missing")) for k in compared if b.get(k, "missing") != a[k]}
+        assert not differ, (a["step"], differ)  # (want, got) of every key that differs
 
 
 def choose_cpu_products(monkeypatch, choice: str) -> None:
