@@ -148,9 +148,8 @@ def generation_bytes(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_b
     with long prompts: `engine/rollout/decode_cache.py`) and each row's own tokens' (r - 1 steps)."""
     steps = (rows.response_lengths - 1).clamp(min=0)
     reads = sum(1 + int(part.max()) for part in steps.split(max(1, batch_rows)))
-    inverse = torch.unique(rows.groups, return_inverse=True)[1]
-    group_steps = torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0, dtype=torch.long).scatter_reduce(
-        0, inverse, steps, "amax")
+    groups, inverse = torch.unique(rows.groups, return_inverse=True)
+    group_steps = torch.zeros(len(groups), dtype=torch.long).scatter_reduce(0, inverse, steps, "amax")
     group_prompts = torch.zeros_like(group_steps).scatter_reduce(0, inverse, rows.prompt_lengths, "amax")
     kv_keys = int((group_prompts * group_steps).sum() + causal_sum(torch.zeros_like(steps), steps).sum())
     return reads * weights_bytes(shape, True, dtype_bytes) + kv_keys * shape.kv_bytes_per_token(dtype_bytes)
