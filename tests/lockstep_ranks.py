@@ -2,7 +2,8 @@
 with torch.multiprocessing: a real DeepSpeed ZeRO-3 engine on CPU (gloo) over the tiny model, whose
 ranks hold rows that would have them run different numbers of forwards. Each forward all-gathers
 the layers' parameter shards, so a rank running one forward more waits for the other until the
-process group's (short) timeout. Everything the test checks is written to `out_dir`.
+process group's (short) timeout. Everything the test checks is written to `out_dir`; tests/ranks.py
+starts the ranks and ends them.
 
 Two scenarios, one after the other (rows per rank; letters are prompts, a repeated letter a
 prompt's samples):
@@ -83,10 +84,6 @@ def run(rank: int, world_size: int, port: int, model_path: str, out_dir: str, ti
         torch.save({"got": got, "want": want}, out / f"{scenario}-{rank}.pt")
         results[scenario] = {"forwards": len(forwards), "shared": shared}
     (out / f"rank-{rank}.json").write_text(json.dumps(results))
-    torch.distributed.barrier()
-    # Torn down before the process exits: a gloo group left alive at interpreter exit can abort it
-    # from a worker thread's destructor (SIGABRT, 'terminate called without an active exception').
-    torch.distributed.destroy_process_group()
 
 
 def _scoring(engine, alone, batch, world_size: int):

@@ -46,13 +46,11 @@ def test_weight_buckets_single_process_are_exact(tiny_model):
 
 
 def _run_two_ranks(tiny_model, tmp_path, stage: int, bucket_bytes: int) -> list[dict]:
-    import torch.multiprocessing as mp
-
+    import ranks
     import weight_sync_ranks
     from hflow.engine.groups.dist import free_port
 
-    mp.start_processes(weight_sync_ranks.run, nprocs=2, start_method="spawn", join=True,
-                       args=(2, free_port(), stage, str(tiny_model), str(tmp_path), bucket_bytes))
+    ranks.spawn(weight_sync_ranks.run, 2, tmp_path, free_port(), stage, str(tiny_model), str(tmp_path), bucket_bytes)
     return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
 
 

@@ -21,13 +21,11 @@ TIMEOUT_S = 20.0  # the process group's: a rank waiting on a collective this lon
 @pytest.mark.slow
 def test_zero3_ranks_run_the_same_forwards_on_different_rows(tiny_model, tmp_path):
     """Both scenarios of tests/lockstep_ranks.py, one after the other in the same two ranks."""
-    import torch.multiprocessing as mp
-
     import lockstep_ranks
     from hflow.engine.groups.dist import free_port
+    from ranks import spawn
 
-    mp.start_processes(lockstep_ranks.run, nprocs=2, start_method="spawn", join=True,
-                       args=(2, free_port(), str(tiny_model), str(tmp_path), TIMEOUT_S))
+    spawn(lockstep_ranks.run, 2, tmp_path, free_port(), str(tiny_model), str(tmp_path), TIMEOUT_S)
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
 
     # batched_log_probs: rank 0 [A A B B] in 2 micro-batches, rank 1 [C C D E F F] in 3. Both would

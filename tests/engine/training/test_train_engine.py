@@ -166,13 +166,11 @@ def test_two_ranks_resume_exactly(tiny_model, tmp_path, stage, dtype):
     zeros), and a fresh pair of engines continues exactly from the files."""
     import json
 
-    import torch.multiprocessing as mp
-
     import checkpoint_ranks
+    import ranks
     from hflow.engine.groups.dist import free_port
 
-    mp.start_processes(checkpoint_ranks.run, nprocs=2, start_method="spawn", join=True,
-                       args=(2, free_port(), stage, dtype, str(tiny_model), str(tmp_path)))
+    ranks.spawn(checkpoint_ranks.run, 2, tmp_path, free_port(), stage, dtype, str(tiny_model), str(tmp_path))
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["tensors"] > 0 and result["updates"] == 3
     assert result["gap"] == {"loaded": 0.0, "after": 0.0}
