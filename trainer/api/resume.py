@@ -43,7 +43,9 @@ def resume_recipe(run_dir: Path, set_: list[str]) -> Recipe:
                             f"allowed: {settable()}")
     for var in sorted(os.environ):
         key = var.removeprefix(ENV_PREFIX).lower().replace("__", ".")
-        if var.startswith(ENV_PREFIX) and not may_change(key, os.environ[var]):
+        # Only variables that name a recipe key are read as one (not HFLOW_CPU_PRODUCTS, say).
+        in_recipe = key.split(".", 1)[0] in Recipe.model_fields
+        if var.startswith(ENV_PREFIX) and in_recipe and not may_change(key, os.environ[var]):
             raise UserError(f"environment variable {var}: cannot change {key} on --resume (it would change the "
                             f"run's math); unset it (what may change: {settable()}, by --set or {ENV_PREFIX}...)")
     recipe = build_recipe(data, parse_overrides(set_), str(saved))
