@@ -15,9 +15,10 @@ in float32 its forward and backward products run through `product` when oneDNN i
 and through `F.linear` otherwise (a GPU, bfloat16, ZeRO-3's partitioned weights, whose gathering
 DeepSpeed ties to `F.linear`). The lean decoding step calls `product` itself.
 
-Which is faster is measured once per process on a product of a typical shape, both ways
-(`onednn_chosen`); oneDNN is taken only when clearly faster (`MARGIN`), so that processes of one
-run agree. `HFLOW_CPU_PRODUCTS=onednn|blas` decides instead (`auto`, the default, measures).
+Which is faster is measured on a product of a typical shape, both ways (`onednn_chosen`); oneDNN
+is taken only when clearly faster (`MARGIN`). A run measures once, when it begins, and every process
+of it, a resume included, keeps that choice (`settle`). `HFLOW_CPU_PRODUCTS=onednn|blas` decides
+instead (`auto`, the default, measures).
 
 oneDNN keeps every primitive it builds, one per product shape, in two caches (its own and ideep's,
 torch's wrapper around it) of 1,024 entries each. A run's products change shape at every step
@@ -96,6 +97,40 @@ def onednn_chosen() -> bool:
     if choice == "blas" or not onednn_available():
         return False
     return choice == "onednn" or faster_by(product, F.linear) <= MARGIN
+
+
+class Settled:
+    """A run's choice (`settle`); `restore()` gives the process back the environment it had before."""
+
+    def __init__(self, choice: str, before: str | None):
+        self.choice, self.before = choice, before
+
+    def restore(self) -> None:
+        if self.before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = self.before
+        onednn_chosen.cache_clear()
+
+
+def settle(recorded: str | None = None) -> Settled:
+    """Fix the choice for the rest of a run, in this process and the processes it starts: the user's
+    HFLOW_CPU_PRODUCTS, else `recorded` (the choice the run made when it began, on a resume), else
+    measured now. `.choice` is "onednn" or "blas".
+
+    The choice goes into the environment, which this process's children inherit and Ray's workers
+    are given (`groups/ray_backend.py`), so no other process of the run measures again. Two
+    measurements on a loaded machine can disagree, and the two routes sum in different orders (about
+    1e-6 of a result), so a resumed run would not continue to the bit, nor two data-parallel ranks
+    agree. The run gives the environment back when it ends (`Settled.restore`): a later run in the
+    same process, with a record of its own, is not held to this one's."""
+    before = os.environ.get(ENV)
+    if (before or "auto").strip().lower() in ("auto", "") and recorded in CHOICES[1:]:
+        os.environ[ENV] = recorded
+        onednn_chosen.cache_clear()
+    choice = "onednn" if onednn_chosen() else "blas"
+    os.environ[ENV] = choice
+    return Settled(choice, before)
 
 
 def faster_by(candidate, reference, rows: int = 256, size: int = 1024) -> float:

@@ -1,4 +1,5 @@
-"""A worker that reports where it runs, for the tests of each Ray rank's GPU (`test_ray_gpus.py`)."""
+"""A worker that reports where it runs, for the tests of each Ray rank's GPU (`test_ray_gpus.py`) and of
+what a rank inherits from the driver (`test_ray_backend.py`)."""
 
 import os
 
@@ -15,8 +16,9 @@ class DeviceWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def where(self) -> dict:
-        """This rank's device, the current CUDA device, and its GPU's UUID (one per physical GPU)."""
+        """This rank's device, the current CUDA device, its GPU's UUID (one per physical GPU), and the
+        run's choice of CPU product kernels as the rank sees it."""
         cuda = torch.device(self.device).type == "cuda"
         return {"device": self.device, "current": torch.cuda.current_device() if cuda else None,
                 "uuid": str(torch.cuda.get_device_properties(self.device).uuid) if cuda else None,
-                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "products": os.environ.get("HFLOW_CPU_PRODUCTS")}

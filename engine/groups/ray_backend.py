@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from hflow.engine import cpu_products
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
 from hflow.engine.groups.dist import cuda_index, free_port, is_loopback
@@ -270,7 +271,8 @@ class RayCluster:
         ray.get(pg.ready(), timeout=120)
         self.placement_groups.append(pg)
         actor_cls = ray.remote(FusedWorker)
-        handles, env = [], {}
+        # The run's choice of CPU product kernels (`cpu_products.settle`), on every node.
+        handles, env = [], {k: os.environ[k] for k in (cpu_products.ENV,) if k in os.environ}
         for rank in range(pool.world_size):
             strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
             handle = actor_cls.options(scheduling_strategy=strategy, num_cpus=1,
@@ -279,7 +281,7 @@ class RayCluster:
                 # Rank 0's node hosts the pool's rendezvous; the others learn it at birth. On the
                 # instance hflow started, the loopback address (`dist.host_loopback_store`).
                 addr, port = ray.get(handle.address.remote())
-                env = {"MASTER_ADDR": LOOPBACK if self.started else addr, "MASTER_PORT": str(port)}
+                env = {**env, "MASTER_ADDR": LOOPBACK if self.started else addr, "MASTER_PORT": str(port)}
                 ray.get(handle.set_env.remote(env))
             handles.append(handle)
         self.handles.extend(handles)

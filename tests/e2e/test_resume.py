@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from hflow.engine.cpu_products import onednn_available
 from helpers import resume_after_crash, train_run, write_recipe
 
 COMPARED = ["reward/mean", "kl/mean", "entropy/mean", "response_length/mean", "actor/loss",
@@ -48,3 +49,22 @@ def test_resume_before_the_first_checkpoint_starts_over_without_repeating_steps(
     assert samples == sorted(samples) and samples.count(1) == samples.count(3)  # each step's samples once
     for before, after in zip(reference, again):
         assert after["reward/mean"] == before["reward/mean"] and after["actor/loss"] == before["actor/loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not onednn_available(), reason="needs oneDNN in torch: otherwise there is no choice")
+def test_a_resume_computes_its_cpu_products_as_the_run_began(tmp_path, tiny_model):
+    """The product kernels a CPU run chose when it began (plan.json) hold on a resume, whatever a new
+    measurement would say: here the record is turned to the other choice, and the resume keeps it."""
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model,
+                          trainer={"total_steps": 3, "prompts_per_step": 4, "save_every": 2,
+                                   "output_dir": str(tmp_path / "runs")})
+    run, _ = train_run(recipe)
+    plan = json.loads((run / "plan.json").read_text())
+    began = plan["cpu_products"]
+    assert began in ("onednn", "blas")
+    other = {"onednn": "blas", "blas": "onednn"}[began]
+    (run / "plan.json").write_text(json.dumps({**plan, "cpu_products": other}))
+    again = resume_after_crash(run, crashed_after=2, last=3)
+    assert [e["step"] for e in again] == [1, 2, 3]
+    assert json.loads((run / "plan.json").read_text())["cpu_products"] == other

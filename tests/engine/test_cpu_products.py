@@ -179,3 +179,40 @@ def test_products_of_ever_new_shapes_do_not_grow_the_process_without_bound():
 
     assert growth() < 16  # MiB in use added by the last 400 shapes
     assert growth(**{key: "1024" for key in cpu_products.CACHE_KEYS}) > 100
+
+
+def _measured_as(monkeypatch, ratio: float) -> list:
+    """`faster_by` answering `ratio` (oneDNN's time over the BLAS's), its calls counted."""
+    calls = []
+    monkeypatch.setattr(cpu_products, "faster_by", lambda *a: calls.append(1) or ratio)
+    return calls
+
+
+@pytest.mark.skipif(not cpu_products.onednn_available(), reason="needs oneDNN in torch")
+def test_a_run_keeps_the_choice_it_began_with(monkeypatch):
+    """A resume takes the recorded choice without measuring, and exports it for the processes it
+    starts; where nothing is recorded (or the record is no choice) the run measures once. The run's
+    end gives the process its environment back."""
+    choose_cpu_products(monkeypatch, "auto")
+    monkeypatch.delenv(cpu_products.ENV)
+    calls = _measured_as(monkeypatch, 0.3)  # oneDNN clearly faster here, now
+    settled = cpu_products.settle("blas")
+    assert settled.choice == "blas" and not routes(torch.randn(4, 4))
+    assert calls == [] and os.environ[cpu_products.ENV] == "blas"
+    settled.restore()
+    assert cpu_products.ENV not in os.environ and calls == []
+    for recorded in (None, "mkl"):
+        settled = cpu_products.settle(recorded)
+        assert settled.choice == "onednn" and os.environ[cpu_products.ENV] == "onednn"
+        assert cpu_products.settle("blas").choice == "onednn"  # inside the run, its choice holds
+        settled.restore()
+    assert len(calls) == 2  # once for each run, none inside it
+
+
+def test_the_user_s_choice_beats_the_recorded_one(monkeypatch):
+    choose_cpu_products(monkeypatch, "blas")
+    calls = _measured_as(monkeypatch, 0.3)
+    settled = cpu_products.settle("onednn")
+    assert settled.choice == "blas" and calls == []
+    settled.restore()
+    assert os.environ[cpu_products.ENV] == "blas"

@@ -15,6 +15,7 @@ import time
 from typing import Any, Iterator
 
 from hflow.engine import columns as col
+from hflow.engine.cpu_products import settle
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.groups.worker import resolve
@@ -52,9 +53,16 @@ class Session:
         self.data = PromptData(recipe.data, tokenizer, recipe.seed, recipe.trainer.prompts_per_step)
         self.evaluator = Evaluator(recipe, tokenizer) if recipe.trainer.eval_every else None
         address = run.ray_address or recipe.placement.ray_address  # `--ray-address` (or RAY_ADDRESS) first
-        self.groups: WorkerGroups = build_worker_groups(recipe, roles, self.device, address)
-        run.write_plan(self.groups.plan())
-        _check_divisible(recipe, self.groups)
+        # On a CPU, the product kernels this run began with, in every process of it (a resume too).
+        self.products = settle(run.read_plan().get(layout.PLAN_PRODUCTS)) if self.device.type == "cpu" else None
+        try:
+            self.groups: WorkerGroups = build_worker_groups(recipe, roles, self.device, address)
+            products = {layout.PLAN_PRODUCTS: self.products.choice} if self.products else {}
+            run.write_plan({**self.groups.plan(), **products})
+            _check_divisible(recipe, self.groups)
+        except BaseException:
+            self._restore_products()  # no run: the process's environment as it was
+            raise
         # Only where the workers compute in this process: a local run on the CPU.
         local_cpu = self.groups.backend == "local" and self.device.type == "cpu"
         self.cpu = CpuShare(_parameters(recipe), on=local_cpu,
@@ -86,8 +94,14 @@ class Session:
         finally:
             self.cpu.restore()
             self.groups.shutdown()
+            self._restore_products()
         if lost:  # a worker died with its node: the node is what the user needs to hear of
             raise RunFailed(lost) from None
+
+    def _restore_products(self) -> None:
+        if self.products is not None:
+            self.products.restore()
+            self.products = None
 
     # --- set-up and resume ------------------------------------------------------------
 

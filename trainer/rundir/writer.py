@@ -210,6 +210,14 @@ class RunDir:
             with self._writing(SAMPLES):
                 files.append(self.path / SAMPLES, "".join(json.dumps(s) + "\n" for s in samples))
 
+    def read_plan(self) -> dict[str, Any]:
+        """plan.json as the run last wrote it; {} when there is none or it is not a JSON object."""
+        try:
+            plan = json.loads((self.path / PLAN).read_text())
+        except (OSError, ValueError):
+            return {}
+        return plan if isinstance(plan, dict) else {}
+
     def write_plan(self, plan: dict[str, Any]) -> None:
         with self._writing(PLAN):
             files.atomic_write(self.path / PLAN, json.dumps(plan, indent=2))

@@ -235,6 +235,24 @@ def test_the_watchdog_names_a_stalled_worker_and_its_process_ends(ray_cluster):
     process.wait(timeout=30)  # raises if the stopped process outlives the group
 
 
+def test_every_rank_computes_its_cpu_products_as_the_driver_chose(ray_cluster, monkeypatch):
+    """The run's choice (`cpu_products.settle`, made after this Ray instance started, so not in its
+    environment) reaches each rank: no rank measures for itself."""
+    from device_workers import DeviceWorker
+
+    from hflow.engine.groups.ray_backend import RayCluster
+    from hflow.engine.groups.worker import ResourcePool
+
+    monkeypatch.setenv("HFLOW_CPU_PRODUCTS", "blas")
+    cluster = RayCluster(None, worker_timeout_s=120)
+    pool = ResourcePool("cpus", ["cpu", "cpu"])
+    try:
+        ranks = cluster.add_role(cluster.spawn_pool(pool, use_gpu=False), "reward", DeviceWorker, pool).where()
+    finally:
+        cluster.shutdown()
+    assert [r["products"] for r in ranks] == ["blas", "blas"]
+
+
 def test_a_result_over_streamed_chunks_is_cut_back_to_each_chunk_without_leaving_the_store(ray_cluster):
     """Old log-probs over a streamed step: the DP call's pieces cover every chunk's rows at the
     joined widths; joined onto the chunks, each chunk gets its rows of every rank's piece (a

@@ -25,10 +25,14 @@ ROWS = [{"prompt": "make digits: ", "answer": str(i)} for i in range(64)]
 
 
 def test_train_from_python_learns_and_evaluates(tmp_path, tiny_model):
+    environment = dict(os.environ)
     run = hflow.train("grpo/quickstart", dataset=ROWS, reward=digits_share, output_dir=tmp_path / "runs",
                       overrides={"model.path": str(tiny_model), "model.init": None, "trainer.total_steps": 30,
                                  "trainer.save_every": 0})
     assert isinstance(run, hflow.Run) and run.status == "finished" and run.error is None
+    # The run's choice of CPU product kernels is the run's: the caller's environment is given back.
+    assert json.loads((run.path / "plan.json").read_text())["cpu_products"] in ("onednn", "blas")
+    assert os.environ.get("HFLOW_CPU_PRODUCTS") == environment.get("HFLOW_CPU_PRODUCTS")
     steps = run.metrics
     assert [e["step"] for e in steps] == list(range(1, 31))
     first, last = (sum(e["reward/mean"] for e in part) / len(part) for part in (steps[:3], steps[-5:]))
