@@ -148,6 +148,31 @@ def assert_same_events(want: list[dict], got: list[dict], not_compared: tuple[st
         assert not differ, (a["step"], differ)  # (want, got) of every key that differs
 
 
+def expired_waits(monkeypatch) -> list:
+    """The driver's waits on Ray that ran out (`ray.wait` answering nothing, `ray.get` timing out),
+    each as its timeout, in order: a test of the watchdog counts its periods instead of timing them."""
+    import ray
+
+    expired, wait, get = [], ray.wait, ray.get
+
+    def counted_wait(refs, *args, **kwargs):
+        ready, rest = wait(refs, *args, **kwargs)
+        if not ready and kwargs.get("timeout"):
+            expired.append(kwargs["timeout"])
+        return ready, rest
+
+    def counted_get(refs, *args, **kwargs):
+        try:
+            return get(refs, *args, **kwargs)
+        except ray.exceptions.GetTimeoutError:
+            expired.append(kwargs.get("timeout"))
+            raise
+
+    monkeypatch.setattr(ray, "wait", counted_wait)
+    monkeypatch.setattr(ray, "get", counted_get)
+    return expired
+
+
 def choose_cpu_products(monkeypatch, choice: str) -> None:
     """This test's CPU products through `choice` (HFLOW_CPU_PRODUCTS), decided afresh: a new cache
     of `cpu_products.onednn_chosen` for the test, the process's own back after it."""

@@ -2,14 +2,13 @@
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import assert_same_adam_step, run_hflow, write_recipe
+from helpers import assert_same_adam_step, expired_waits, run_hflow, write_recipe
 from hflow.engine.groups.batch import Batch
 from hflow.trainer.placement.worker_groups import build_worker_groups
 from hflow.trainer.config.load import build_recipe
@@ -115,16 +114,16 @@ def test_colocated_and_split_give_the_same_metrics(ray_cluster, tiny_model, tmp_
     assert all(e["timing/generate"] > 0 and e["timing/reward"] > 0 for e in b)
 
 
-def test_killed_worker_process_ends_the_run_with_its_name(ray_cluster, tiny_model, tmp_path):
+def test_killed_worker_process_ends_the_run_with_its_name(ray_cluster, tiny_model, tmp_path, monkeypatch):
     from hflow.engine.groups.worker import WorkerError
 
     recipe = _recipe(tiny_model, reward={"function": "faulty_rewards:dies_at_second_call"},
                      placement={"backend": "ray", "mode": "split"}, cluster={"cpu_slots": 2},
                      trainer={"save_every": 1})
-    start = time.monotonic()
+    expired = expired_waits(monkeypatch)
     with pytest.raises(WorkerError, match=r"reward worker rank 0 failed: its process died"):
         _train_events(recipe, tmp_path, "killed")
-    assert time.monotonic() - start < 120
+    assert expired == []  # reported as the process died, not after a watchdog period
     run = next((tmp_path / "runs").glob("killed-*"))
     assert (run / "checkpoints" / "step_000001" / "COMPLETE").exists()  # the last checkpoint is intact
 
@@ -136,10 +135,9 @@ def test_raising_worker_through_the_cli(tiny_model, tmp_path):
         cluster={"cpu_slots": 2}, placement={"backend": "ray", "mode": "split"},
     )
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
-    start = time.monotonic()
     result = run_hflow("train", str(recipe), env=env, timeout=300)
-    assert time.monotonic() - start < 240
-    # The user's function raised: the same one line and exit 2 as on the local backend.
+    # The user's function raised: the same one line and exit 2 as on the local backend (not a
+    # watchdog's "no answer", which would have come after worker_timeout_s).
     assert result.returncode == 2, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last == ("error: reward.function 'faulty_rewards:raises_at_second_call' raised ValueError: "
@@ -209,7 +207,7 @@ def test_placement_auto_on_cpu_slots_trains_data_parallel(ray_cluster, tiny_mode
     assert len(events) == 3 and all(e["response_length/mean"] > 0 for e in events)
 
 
-def test_the_watchdog_names_a_stalled_worker_and_its_process_ends(ray_cluster):
+def test_the_watchdog_names_a_stalled_worker_and_its_process_ends(ray_cluster, monkeypatch):
     """A worker process stopped with SIGSTOP answers nothing: after worker_timeout_s the call
     raises a WorkerError naming the role, rank and call, and shutting the group down ends
     the stopped process."""
@@ -224,11 +222,11 @@ def test_the_watchdog_names_a_stalled_worker_and_its_process_ends(ray_cluster):
     try:
         group = cluster.add_role(cluster.spawn_pool(pool, use_gpu=False), "reward", StallingWorker, pool)
         process = psutil.Process(group.pid())
-        start = time.monotonic()
+        expired = expired_waits(monkeypatch)
         with pytest.raises(WorkerError, match=r"^reward worker rank 0 failed: no answer to stall within 3 s "
                                               r"\(trainer\.worker_timeout_s\)"):
             group.stall()
-        assert 3 <= time.monotonic() - start < 30
+        assert expired == [3]  # after one period of the watchdog
         assert process.status() == psutil.STATUS_STOPPED
     finally:
         cluster.shutdown()

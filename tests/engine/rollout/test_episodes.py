@@ -2,7 +2,7 @@
 sit between them with loss mask 0, and the chat template's delta rebuilds the conversation."""
 
 import asyncio
-import time
+import threading
 
 import pytest
 import torch
@@ -181,9 +181,11 @@ def test_a_template_that_rewrites_earlier_messages_is_a_user_error():
 
 
 class SlowFirstStepEnv(ThreeTurnEnv):
-    """ThreeTurnEnv whose step takes `seconds` on the first turn of the row "slow"."""
+    """ThreeTurnEnv whose step on the first turn of the row "slow" waits until `release` is set (at
+    most 30 s), then sets `done`: the tests below show order by these events, not by clocks."""
 
-    seconds = 2.0
+    release = threading.Event()
+    done = threading.Event()
 
     def reset(self, row):
         self.slow = row["prompt"] == "slow"
@@ -191,46 +193,53 @@ class SlowFirstStepEnv(ThreeTurnEnv):
 
     def step(self, text):
         if self.slow and self.turn == 0:
-            time.sleep(self.seconds)
+            SlowFirstStepEnv.release.wait(30)
+            SlowFirstStepEnv.done.set()
         return super().step(text)
 
 
-class TimedGenerator(ScriptedGenerator):
-    """ScriptedGenerator that takes 0.2 s per call and records when each call started."""
+@pytest.fixture
+def slow_step():
+    SlowFirstStepEnv.release.clear()
+    SlowFirstStepEnv.done.clear()
+    yield SlowFirstStepEnv
+    SlowFirstStepEnv.release.set()  # a step still waiting ends now
+
+
+class ReleasingGenerator(ScriptedGenerator):
+    """ScriptedGenerator that notes, at each call, whether the slow step had ended, and releases it
+    after its third call."""
 
     def generate(self, prompts, n, params, rng=None):
-        self.started = getattr(self, "started", []) + [time.monotonic()]
-        time.sleep(0.2)
-        return super().generate(prompts, n, params, rng)
+        self.slow_done = getattr(self, "slow_done", []) + [SlowFirstStepEnv.done.is_set()]
+        out = super().generate(prompts, n, params, rng)
+        if len(self.contexts) == 3:
+            SlowFirstStepEnv.release.set()
+        return out
 
 
-def test_a_slow_step_holds_back_its_own_episode_not_the_batch():
+def test_a_slow_step_holds_back_its_own_episode_not_the_batch(slow_step):
     tok = chatml_tokenizer()
-    gen = TimedGenerator(tok)
+    gen = ReleasingGenerator(tok)
     runner = EpisodeRunner(gen, tok, SlowFirstStepEnv, "x:E", EpisodeLimits(3, 200, 60.0))
-    start = time.monotonic()
     out = runner.run([{"prompt": "hi"}, {"prompt": "slow"}, {"prompt": "yo"}], [[1]] * 3, 1,
                      SamplingParams(max_new_tokens=50), None)
-    # The two fast episodes' second and third turns were generated while the slow step still ran.
+    # The two fast episodes' second and third turns were generated while the slow step still ran:
+    # it ends only once they are (a runner waiting for every step first would wait out its 30 s).
     assert [len(c) for c in gen.contexts[:3]] == [3, 2, 2]
-    assert gen.started[1] - start < SlowFirstStepEnv.seconds and gen.started[2] - start < SlowFirstStepEnv.seconds
+    assert gen.slow_done == [False, False, False, True, True]
     assert [len(c) for c in gen.contexts[3:]] == [1, 1]  # then the slow one's, alone
     assert [e["ended"] for e in out[col.EPISODE]] == ["done"] * 3
     assert all(len(e["turns"]) == 3 for e in out[col.EPISODE])
     slow = out[col.EPISODE][1]["turns"][0]
-    assert slow["env_s"] >= SlowFirstStepEnv.seconds and slow["observation"] == [{"role": "tool", "content": "result 1"}]
+    assert slow["env_s"] > 0 and slow["observation"] == [{"role": "tool", "content": "result 1"}]
 
 
-def test_a_step_that_never_returns_ends_its_episode_at_the_deadline():
-    SlowFirstStepEnv.seconds = 30.0
-    try:
-        tok = chatml_tokenizer()
-        runner = EpisodeRunner(ScriptedGenerator(tok), tok, SlowFirstStepEnv, "x:E", EpisodeLimits(3, 200, 1.0))
-        start = time.monotonic()
-        out = runner.run([{"prompt": "slow"}, {"prompt": "hi"}], [[1]] * 2, 1, SamplingParams(max_new_tokens=50), None)
-        assert time.monotonic() - start < 10  # not the 30 s of the hung step
-    finally:
-        SlowFirstStepEnv.seconds = 2.0
+def test_a_step_that_never_returns_ends_its_episode_at_the_deadline(slow_step):
+    tok = chatml_tokenizer()
+    runner = EpisodeRunner(ScriptedGenerator(tok), tok, SlowFirstStepEnv, "x:E", EpisodeLimits(3, 200, 1.0))
+    out = runner.run([{"prompt": "slow"}, {"prompt": "hi"}], [[1]] * 2, 1, SamplingParams(max_new_tokens=50), None)
+    assert not SlowFirstStepEnv.done.is_set()  # the run ended while the step still waited
     hung, fast = out[col.EPISODE]
     assert hung["ended"] == "timeout" and len(hung["turns"]) == 1 and hung["return"] == 0.0
     assert fast["ended"] == "done" and len(fast["turns"]) == 3
