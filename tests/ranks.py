@@ -6,13 +6,15 @@ file's end, so a crash says where it happened (pytest's report of a spawned proc
 "terminated with signal SIGABRT").
 
 A rank that finishes tears its process group down and leaves with `os._exit`, without the
-interpreter's teardown. `destroy_process_group` does not end gloo's worker and socket threads:
-DeepSpeed's engines and its ZeRO-3 parameters keep the group object alive (`ds_process_group`,
-`dp_process_group`), so a normal exit destroys it during finalization, while those threads still
-run and the interpreter is half gone. A worker thread that touches a Python object then aborts the
-process (SIGABRT; seen in CI after `test_two_ranks_receive_the_trained_weights_bitwise[3]` had
-passed, 'terminate called without an active exception'). Everything a rank reports is written to
-files before it leaves."""
+interpreter's teardown. `destroy_process_group` does not end gloo's worker and socket threads
+(checked: four `pt_gloo_runloop` and two `gloo_tcp_loop` threads still run after it and a garbage
+collection): DeepSpeed's engines and its ZeRO-3 parameters keep the group object alive
+(`ds_process_group`, `dp_process_group`), so a normal exit destroys it during finalization, while
+those threads still run and the interpreter is half gone. A C++ thread that then touches a Python
+object aborts the process: SIGABRT, 'terminate called without an active exception', seen in CI
+after `test_two_ranks_receive_the_trained_weights_bitwise[3]` had passed; a later SIGABRT of
+`test_two_ranks_resume_exactly[3-float32]` printed no more than the signal, which is why the
+stderr file exists. Everything a rank reports is written to files before it leaves."""
 
 from __future__ import annotations
 
