@@ -89,8 +89,10 @@ class Grid:
         self.rows = torch.repeat_interleave(torch.arange(self.batch, device=widths.device), widths)  # (T,)
         self.columns = torch.arange(len(self.rows), device=widths.device) - self.offsets[self.rows]  # (T,)
         # Each packed token's place in the grid read as (batch x width) rows: one index, so a scatter
-        # is one index_copy_ and a gather one index_select (with two, `index_put` and `index`, the
-        # 3.5M model's update spent 2.9x as long in them, backward included).
+        # is one index_copy_ and a gather one index_select (with two, `index_put` and `index`, they
+        # took 2.9x as long at the 3.5M model's shapes, backward included). Every place is one token's,
+        # so the backward's index_add_ never adds twice into one place: the same bits on a GPU too.
+        # A row's prompt keys, where places repeat, keep plain indexing and its backward as before.
         self.flat = self.rows * self.width + self.columns  # (T,)
 
     @property
@@ -150,8 +152,8 @@ class PackedRows:
         parts = [self.prompts.gather(F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa))]
         if self.rows.tokens:
-            k = torch.cat([k.index_select(0, self.groups), self.rows.scatter(key[:, :, split:])], 2)
-            v = torch.cat([v.index_select(0, self.groups), self.rows.scatter(value[:, :, split:])], 2)
+            k = torch.cat([k[self.groups], self.rows.scatter(key[:, :, split:])], 2)
+            v = torch.cat([v[self.groups], self.rows.scatter(value[:, :, split:])], 2)
             out = F.scaled_dot_product_attention(self.rows.scatter(query[:, :, split:]), k, v,
                                                  attn_mask=self.attend_mask, dropout_p=dropout, scale=scaling,
                                                  enable_gqa=gqa)
