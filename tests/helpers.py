@@ -150,7 +150,8 @@ def assert_same_events(want: list[dict], got: list[dict], not_compared: tuple[st
 
 def expired_waits(monkeypatch) -> list:
     """The driver's waits on Ray that ran out (`ray.wait` answering nothing, `ray.get` timing out),
-    each as its timeout, in order: a test of the watchdog counts its periods instead of timing them."""
+    each as its timeout, in order: a test of the watchdog counts its periods instead of timing them.
+    Only for calls that do not poll (async mode's rollout polls with short waits that run out)."""
     import ray
 
     expired, wait, get = [], ray.wait, ray.get
