@@ -88,10 +88,15 @@ def packed(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
 
 
+def _asked() -> str:
+    """HFLOW_CPU_PRODUCTS as set, lower-cased; "auto" when unset or empty."""
+    return os.environ.get(ENV, "auto").strip().lower() or "auto"
+
+
 @functools.cache
 def onednn_chosen() -> bool:
     """Whether this process runs its CPU float32 products through oneDNN (see the module docstring)."""
-    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    choice = _asked()
     if choice not in CHOICES:
         raise ProductChoiceError(f"environment {ENV}={os.environ[ENV]!r}: accepted values are {', '.join(CHOICES)}")
     if choice == "blas" or not onednn_available():
@@ -125,7 +130,7 @@ def settle(recorded: str | None = None) -> Settled:
     agree. The run gives the environment back when it ends (`Settled.restore`): a later run in the
     same process, with a record of its own, is not held to this one's."""
     before = os.environ.get(ENV)
-    if (before or "auto").strip().lower() in ("auto", "") and recorded in CHOICES[1:]:
+    if _asked() == "auto" and recorded in CHOICES[1:]:
         os.environ[ENV] = recorded
         onednn_chosen.cache_clear()
     choice = "onednn" if onednn_chosen() else "blas"

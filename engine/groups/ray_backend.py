@@ -272,7 +272,7 @@ class RayCluster:
         self.placement_groups.append(pg)
         actor_cls = ray.remote(FusedWorker)
         # The run's choice of CPU product kernels (`cpu_products.settle`), on every node.
-        handles, env = [], {k: os.environ[k] for k in (cpu_products.ENV,) if k in os.environ}
+        handles, env = [], ({cpu_products.ENV: os.environ[cpu_products.ENV]} if cpu_products.ENV in os.environ else {})
         for rank in range(pool.world_size):
             strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
             handle = actor_cls.options(scheduling_strategy=strategy, num_cpus=1,

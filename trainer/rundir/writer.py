@@ -44,6 +44,7 @@ from hflow.trainer.rundir.layout import (
     TRAINER_STATE,
     checkpoint_name,
 )
+from hflow.trainer.rundir.read import read_json
 from hflow.trainer.rundir.recipe_file import HASH_KEY, check_unedited, write_recipe
 
 log = logging.getLogger("hflow.rundir")
@@ -212,10 +213,7 @@ class RunDir:
 
     def read_plan(self) -> dict[str, Any]:
         """plan.json as the run last wrote it; {} when there is none or it is not a JSON object."""
-        try:
-            plan = json.loads((self.path / PLAN).read_text())
-        except (OSError, ValueError):
-            return {}
+        plan = read_json(self.path / PLAN)
         return plan if isinstance(plan, dict) else {}
 
     def write_plan(self, plan: dict[str, Any]) -> None:
