@@ -15,7 +15,7 @@ in float32 its forward and backward products run through `product` when oneDNN i
 and through `F.linear` otherwise (a GPU, bfloat16, ZeRO-3's partitioned weights, whose gathering
 DeepSpeed ties to `F.linear`). The lean decoding step calls `product` itself.
 
-Which is faster is measured on a product of a typical shape, both ways (`onednn_chosen`); oneDNN
+Which is faster is measured on a product of a typical shape, both ways, on one thread (`onednn_chosen`); oneDNN
 is taken only when clearly faster (`MARGIN`). A run measures once, when it begins, and every process
 of it, a resume included, keeps that choice (`settle`). `HFLOW_CPU_PRODUCTS=onednn|blas` decides
 instead (`auto`, the default, measures).
@@ -49,6 +49,11 @@ CHOICES = ("auto", "onednn", "blas")
 # the development machine; a CPU where the two are close keeps the BLAS (and the same choice in
 # every process of a run, measured apart).
 MARGIN = 0.8
+# The two are timed on one thread: which kernel is faster is the code's, not the team's, and a
+# team of threads on a machine where another process holds a core waits for it at every product,
+# each way by chance. On the development machine (2 cores), one spinning process beside it, the
+# ratio timed on 2 threads ranged 0.18-2.07 across processes (the BLAS chosen in some), on one
+# thread 0.25-0.48; idle 0.46-0.48 and 0.45-0.46 (`benchmarks/product_choice.py`, 2026-11-27).
 # Entries in each of oneDNN's primitive caches: a training pass builds about 15 shapes of product, a
 # decoding step 6. 128 held the 27.5M model's run at 4,016 MiB, 32 at 3,247, 8 at 3,264, with the
 # same step times (8 steps, 2026-11-27).
@@ -138,18 +143,23 @@ def settle(recorded: str | None = None) -> Settled:
     return Settled(choice, before)
 
 
-def faster_by(candidate, reference, rows: int = 256, size: int = 1024) -> float:
+def faster_by(candidate, reference, rows: int = 256, size: int = 1024, threads: int = 1) -> float:
     """candidate's best time over reference's on a (rows, size) x (size, size) float32 product,
-    rounds alternating."""
+    rounds alternating, on `threads` threads (one for the choice: why, above `MARGIN`)."""
     x, weight = torch.randn(rows, size), torch.randn(size, size)
     best = {candidate: float("inf"), reference: float("inf")}
-    for f in best:
-        f(x, weight)  # first calls: kernels built, memory touched
-    for _ in range(5):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
         for f in best:
-            start = time.perf_counter()
-            f(x, weight)
-            best[f] = min(best[f], time.perf_counter() - start)
+            f(x, weight)  # first calls: kernels built, memory touched
+        for _ in range(5):
+            for f in best:
+                start = time.perf_counter()
+                f(x, weight)
+                best[f] = min(best[f], time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
     return best[candidate] / best[reference]
 
 

@@ -216,3 +216,32 @@ def test_the_user_s_choice_beats_the_recorded_one(monkeypatch):
     assert settled.choice == "blas" and calls == []
     settled.restore()
     assert os.environ[cpu_products.ENV] == "blas"
+
+
+def test_the_choice_is_timed_on_one_thread_and_the_caller_s_threads_come_back():
+    """The two ways are timed on one thread (a team of threads on a machine where another process
+    holds a core times each way by chance), every call of both; the caller's thread count is back
+    afterwards, also when a way fails."""
+    seen = {"candidate": [], "reference": []}
+
+    def timed(name):
+        def way(x, weight):
+            seen[name].append(torch.get_num_threads())
+            return x @ weight
+        return way
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert cpu_products.faster_by(timed("candidate"), timed("reference"), rows=4, size=8) > 0
+        assert seen == {"candidate": [1] * 6, "reference": [1] * 6}  # a first call, then 5 rounds
+        assert torch.get_num_threads() == 2
+
+        def broken(x, weight):
+            raise RuntimeError("no kernel")
+
+        with pytest.raises(RuntimeError, match="no kernel"):
+            cpu_products.faster_by(broken, timed("reference"), rows=4, size=8)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
