@@ -7,18 +7,20 @@ at most) with a fresh mapping, and gives freed memory at its heap's top back to 
 its trim threshold; the next pass then faults on every 4 KiB page it touches, and the kernel
 zeroes each. On the 2-core development machine that was a fifth of an update's time in the
 kernel (docs/benchmarks.md, "Host memory"). So the command (`cli/__init__.py`) and the Python API
-(`trainer/api/__init__.py`), before torch loads:
+(`trainer/api/__init__.py`) set, before torch loads, MALLOC_MMAP_MAX_ = 0 and
+MALLOC_TRIM_THRESHOLD_ = 1 GiB, for the processes it starts (glibc reads
+them when a process starts) and through `mallopt` for itself: every buffer comes from the heap, and
+what a pass frees stays there for the next. A user's own value of either wins. What is freed stays
+with the process: its resident size stays at the peak it reaches every step (on SmolLM2's update,
+5.6 GB against 5.3 with glibc's defaults for large buffers), and memory freed inside the heap is
+reused, not returned. Only glibc reads these keys; elsewhere they do nothing.
 
-- MALLOC_MMAP_MAX_ = 0 and MALLOC_TRIM_THRESHOLD_ = 1 GiB, for the processes it starts (glibc
-  reads them when a process starts) and through `mallopt` for itself: every buffer comes from the
-  heap, and what a pass frees stays there for the next;
-- THP_MEM_ALLOC_ENABLE=1: torch aligns CPU buffers of 2 MiB and more to huge pages and asks the
-  kernel for them (`madvise`), one fault per 2 MiB where it grants them, for the first pass.
-
-A user's own value of any of these wins. What is freed stays with the process: its resident size
-stays at the peak it reaches every step (on SmolLM2's update, 5.6 GB against 5.3 with glibc's
-defaults for large buffers), and memory freed inside the heap is reused, not returned. Only glibc
-reads the MALLOC_ keys; elsewhere they do nothing.
+Huge pages for torch's buffers (`THP_MEM_ALLOC_ENABLE=1`) are left off. They were set here too
+until 2026-11-27, but with the heap reused the faults they save happen once, and each costs more
+(the kernel zeroes a whole 2 MiB page, and compacts memory to find one): a first touch of 1 GiB in
+8 MiB buffers took 373-1,214 ms with them against 188-210 without (`benchmarks/first_touch.py`),
+the 3.5M model's first update 0.62-0.67 s against 0.45, and the steady steps were no faster
+(docs/benchmarks.md, "Host memory").
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ import os
 import platform
 
 TRIM_THRESHOLD = 1 << 30
-HOST_MEMORY_KEYS = {"MALLOC_MMAP_MAX_": 0, "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD, "THP_MEM_ALLOC_ENABLE": 1}
+HOST_MEMORY_KEYS = {"MALLOC_MMAP_MAX_": 0, "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD}
 _MALLOPT = {"MALLOC_MMAP_MAX_": -4, "MALLOC_TRIM_THRESHOLD_": -1}  # the keys' mallopt parameters (malloc.h)
 
 
 def keep_host_memory(environ: dict | None = None) -> None:
-    """Set the keys above in `environ` (default: the process's, where glibc's own settings are
+    """Set the two keys above in `environ` (default: the process's, where glibc's own settings are
     also made now) unless the user set them."""
     env = os.environ if environ is None else environ
     ours = {key: value for key, value in HOST_MEMORY_KEYS.items() if key not in env}
