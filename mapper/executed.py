@@ -46,6 +46,9 @@ class Generation:
     share: float = 0.0  # vllm: the fraction of device memory it holds (gpu_memory_utilization)
     offload: bool = False  # actor.offload_in_rollout (vLLM and ZeRO-3's gathered copy offload anyway)
     copy: bool = False  # async mode on the local backend: a second frozen copy generates beside training
+    # Sequences an evaluation decodes at once on one device, as rows of the step's length holding as
+    # much KV cache (eval.batch_size at its lengths); 0: none, or fewer than the step's.
+    evaluated: int = 0
 
 
 @dataclass(frozen=True)
@@ -180,8 +183,9 @@ def kept_while_generating(states: memory.ModelStates, zero: int, bf16: bool, off
 
 
 def _decoded(w: Workload, gen: Generation, devices: int) -> int:
-    """Sequences one device decodes at once: its share of the step's, at most the engine's batch."""
-    return min(gen.batch, math.ceil(w.generated / devices))
+    """Sequences one device decodes at once: its share of the step's, at most the engine's batch, or
+    an evaluation's batch where that holds more."""
+    return max(min(gen.batch, math.ceil(w.generated / devices)), gen.evaluated)
 
 
 def _vllm_bytes(w: Workload, device: Device, gen: Generation) -> float:

@@ -33,6 +33,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
+    # Sequences the hf engine decodes together (whole prompt groups); None: the generator's own
+    # (rollout.batch_size). vLLM batches as it schedules.
+    batch_size: int | None = None
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -152,7 +155,7 @@ class HFGenerator:
         was_training = self.model.training
         self.model.eval()
         try:
-            per_chunk = max(1, self.batch_size // n)
+            per_chunk = max(1, (params.batch_size or self.batch_size) // n)
             parts = [
                 self._generate_chunk(prompts[i:i + per_chunk], n, params, generator)
                 for i in range(0, len(prompts), per_chunk)

@@ -27,7 +27,7 @@ def sampling_for(prompts: Batch, rollout: RolloutSpec, seed: int, rank: int,
 
     The seed depends on the run's seed, the stream (rollout or evaluation), the step, the rank
     and DAPO's sampling round, never on which worker samples."""
-    # {n, temperature, max_response_length[, stream]}: `trainer/control/evaluate.py`
+    # {n, temperature, max_response_length, batch_size[, stream]}: `trainer/control/evaluate.py`
     evaluation = prompts.meta.get("eval")
     # Evaluation never draws from the rollout's stream; each held-out set's sampling has its own.
     stream = evaluation.get("stream", "eval") if evaluation else "rollout"
@@ -45,7 +45,7 @@ def sampling_for(prompts: Batch, rollout: RolloutSpec, seed: int, rank: int,
     if evaluation:
         t = evaluation["temperature"]
         params = SamplingParams(evaluation["max_response_length"], t or 1.0, rollout.top_p, rollout.top_k,
-                                greedy=t == 0)
+                                greedy=t == 0, batch_size=evaluation.get("batch_size"))
         n = evaluation["n"]
     return params, n, rng
 

@@ -125,6 +125,19 @@ def test_async_generator_pool_holds_a_copy_and_its_kv_cache():
     assert mem.peak == (2 * P + 4 * 16 * 512,) * 3  # bf16 weights + 4 sequences' KV cache
 
 
+def test_an_evaluation_s_larger_decoding_batch_sizes_the_kv_cache():
+    """Each of 2 devices decodes 4 of the step's 8 sequences; an evaluation decoding 24 rows (of the
+    step's length) at once holds 6x that KV cache, one decoding 3 rows less and changes nothing."""
+    kv_row = 16 * (2 * 2 * 4 * 16 * 2)  # 16 tokens, K and V, 2 layers, 4 heads x 16, bf16
+    generating = {}
+    for evaluated in (0, 3, 24):
+        pool = PoolRun("pool0", 2, (_actor(zero=1, evaluated=evaluated),))
+        [mem] = executed_memory(_workload(actor=TINY), A100, [pool])
+        generating[evaluated] = mem.roles[0].resident[0]
+    assert generating[3] == generating[0]
+    assert generating[24] - generating[0] == (24 - 4) * kv_row
+
+
 def test_roles_of_unknown_shape_count_nothing():
     pool = PoolRun("pool0", 2, (_actor(zero=1), RoleRun("reward", micro_seqs=2, rows=8)))
     [mem] = executed_memory(_workload(actor=TINY), A100, [pool])

@@ -94,6 +94,10 @@ class EvalConfig(Section):
     max_response_length: Optional[int] = Field(
         None, gt=0, description="Most new tokens per eval response; default: rollout.max_response_length."
     )
+    batch_size: Optional[int] = Field(
+        None, gt=0, description="Sequences the hf engine decodes together in an evaluation (whole prompt groups): "
+        "more rows per decoding step use the matrix products better, for a larger KV cache (counted in the "
+        "memory check). Default: rollout.batch_size. vllm batches by itself.")
     sets: list[EvalSet] = Field(
         default_factory=list, description="Further held-out sets, each reported under eval/<name>/ (see EvalSet's "
         "keys below); evaluated with data.eval at step 0, every trainer.eval_every steps, at the last step and "

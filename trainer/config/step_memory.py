@@ -103,16 +103,39 @@ def model_dims(recipe: Recipe) -> ModelDims | None:
 
 
 def recipe_step_memory(recipe: Recipe, dims: ModelDims | None) -> StepMemory:
-    """`step_memory` at the recipe's sizes: the `hf` engine's decoding batch (rollout.batch_size
-    sequences, whole prompt groups; vLLM keeps its own cache), the actor's micro-batches."""
+    """`step_memory` at the recipe's sizes: the `hf` engine's larger decoding batch, the rollout's
+    (rollout.batch_size sequences, whole prompt groups) or an evaluation's (`eval_decode_rows`;
+    vLLM keeps its own cache), the actor's micro-batches."""
     r, length = recipe.rollout, recipe.data.max_prompt_length + recipe.rollout.max_response_length
     sequences = recipe.sequences_per_step
-    decode = min(sequences, max(1, r.batch_size // r.n) * r.n) if r.engine == "hf" else 0
+    decode = min(sequences, _decoded_rows(r.batch_size, r.n)) if r.engine == "hf" else 0
+    decode = max(decode, eval_decode_rows(recipe))
     actor = recipe.actor
     micro = max(1, actor.micro_batch_tokens // length) if actor.micro_batch_tokens else actor.micro_batch_size
     dtype_bytes = 2 if recipe.model.dtype == "bfloat16" else 4
     return step_memory(recipe.trainer.prompts_per_step, r.n, recipe.data.max_prompt_length, r.max_response_length,
                        decode, min(micro, sequences), dims, dtype_bytes, min(actor.scoring_micro_batch, sequences))
+
+
+def _decoded_rows(batch: int, n: int) -> int:
+    """Rows of one decoding batch of the hf engine: whole groups of n within `batch` (at least one)."""
+    return max(1, batch // n) * n
+
+
+def eval_decode_rows(recipe: Recipe) -> int:
+    """The most sequences an evaluation decodes at once on the hf engine (eval.batch_size, else
+    rollout.batch_size; whole prompt groups), counted as rows of the rollout's length that hold as
+    much KV cache (an evaluation's responses may be longer); 0 without evaluation or with vLLM."""
+    e, r, data = recipe.eval, recipe.rollout, recipe.data
+    if r.engine != "hf":
+        return 0
+    passes = [(e.n, e.max_response_length or r.max_response_length)] if data.eval else []
+    for s in e.sets:
+        limit = s.max_response_length or e.max_response_length or r.max_response_length
+        passes += [(1, limit)] + ([(s.k, limit)] if s.k > 1 else [])
+    batch, prompt = e.batch_size or r.batch_size, data.max_prompt_length
+    tokens = max((_decoded_rows(batch, n) * (prompt + limit) for n, limit in passes), default=0)
+    return -(-tokens // (prompt + r.max_response_length))
 
 
 def machine_memory() -> int | None:
@@ -154,7 +177,14 @@ def check_step(recipe: Recipe, origin: str) -> None:
     raise UserError(f"{origin}: one step needs about {counted / GiB:.2f} GiB of this machine's memory "
                     f"({', '.join(parts)} GiB), more than its {have / GiB:.2f} GiB; lower trainer.prompts_per_step, "
                     "rollout.n, rollout.max_response_length or data.max_prompt_length"
-                    + (" (or actor.micro_batch_size, rollout.batch_size)" if on_cpu else ""))
+                    + (f" (or actor.micro_batch_size, {_decode_key(recipe)})" if on_cpu else ""))
+
+
+def _decode_key(recipe: Recipe) -> str:
+    """The key that sizes the larger decoding batch: the rollout's, or an evaluation's."""
+    r = recipe.rollout
+    rollout = min(recipe.sequences_per_step, _decoded_rows(r.batch_size, r.n))
+    return "eval.batch_size" if eval_decode_rows(recipe) > rollout else "rollout.batch_size"
 
 
 def _runs_on_cpu(recipe: Recipe) -> bool:

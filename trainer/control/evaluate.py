@@ -104,15 +104,16 @@ class Evaluator:
         e, r = recipe.eval, recipe.rollout
         self.sets: list[HeldOut] = []
         if recipe.data.eval:
-            sampling = {"n": e.n, "temperature": e.temperature,
+            sampling = {"n": e.n, "temperature": e.temperature, "batch_size": e.batch_size,
                         "max_response_length": e.max_response_length or r.max_response_length}
             self.sets.append(HeldOut("eval/", read_eval_rows(recipe.data, function, recipe.seed), [("main", sampling)]))
         for s in e.sets:
             limit = s.max_response_length or e.max_response_length or r.max_response_length
-            passes = [("greedy", {"n": 1, "temperature": 0.0, "max_response_length": limit})]
+            passes = [("greedy", {"n": 1, "temperature": 0.0, "max_response_length": limit,
+                                  "batch_size": e.batch_size})]
             if s.k > 1:
                 passes.append(("sampled", {"n": s.k, "temperature": s.temperature, "max_response_length": limit,
-                                           "stream": f"eval/{s.name}"}))
+                                           "batch_size": e.batch_size, "stream": f"eval/{s.name}"}))
             self.sets.append(HeldOut(f"eval/{s.name}/", read_set_rows(s, function, recipe.seed), passes,
                                      s.extract, s.answer_key))
         for held_out in self.sets:

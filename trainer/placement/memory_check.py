@@ -31,6 +31,7 @@ from hflow.mapper.memory import USABLE_FRACTION
 from hflow.mapper.search import device_counts
 from hflow.mapper.workload import ROLES, STAGES, Workload, workload_from_recipe
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.config.step_memory import eval_decode_rows
 from hflow.trainer.placement.pools import ROLLOUT, pool_layout
 
 SECTION = {"actor": "actor", "critic": "critic", "cost_critic": "critic"}  # trained role -> its recipe section
@@ -131,7 +132,7 @@ def role_run(recipe: Recipe, role: str, generator_copy: bool = False) -> RoleRun
 def _generation(recipe: Recipe, copy: bool = False) -> Generation:
     r = recipe.rollout
     return Generation(r.engine, r.batch_size, r.tensor_parallel_size, r.gpu_memory_utilization,
-                      recipe.actor.offload_in_rollout, copy)
+                      recipe.actor.offload_in_rollout, copy, evaluated=0 if copy else eval_decode_rows(recipe))
 
 
 def overflow(mem: PoolMemory, device: Device) -> str:

@@ -213,3 +213,25 @@ def test_finished_rows_leave_a_cpu_batch_as_its_products_run_fastest(tiny_model,
     for rows, unfinished in zip(fed, live):
         assert rows == (unfinished if unfinished < 12 else min(32, -(-unfinished // 8) * 8))
     assert any(rows > unfinished for rows, unfinished in zip(fed, live))  # some finished rows were kept
+
+
+def test_a_call_s_own_batch_size_sets_its_decoding_chunks_and_not_its_tokens(tiny_model, monkeypatch):
+    """SamplingParams.batch_size (an evaluation's eval.batch_size) decodes that many rows together
+    instead of the generator's own batch, in whole prompt groups: greedy, the same tokens and
+    log-probs either way."""
+    tok, _, engine = _engine(tiny_model, batch_size=4)
+    chunks = []
+    chunk = engine._generate_chunk
+    monkeypatch.setattr(engine, "_generate_chunk", lambda prompts, *a: chunks.append(len(prompts)) or chunk(prompts, *a))
+    prompts = [tok(t, add_special_tokens=False).input_ids for t in ["write digits: ", "say q: ", "echo ab: ",
+                                                                    "a longer prompt: ", "z: "]]
+    got = {}
+    for batch in (None, 6, 64):
+        chunks.clear()
+        got[batch] = engine.generate(prompts, 2, SamplingParams(max_new_tokens=10, greedy=True, batch_size=batch))
+        got[batch]["chunks"] = list(chunks)
+    assert [got[b]["chunks"] for b in (None, 6, 64)] == [[2, 2, 1], [3, 2], [5]]  # prompts of 2 rows each
+    for batch in (6, 64):
+        assert torch.equal(got[batch]["responses"], got[None]["responses"])
+        torch.testing.assert_close(got[batch]["rollout_log_probs"], got[None]["rollout_log_probs"],
+                                   rtol=1e-5, atol=1e-5)

@@ -77,3 +77,42 @@ def test_validate_refuses_sizes_that_cannot_run_in_one_line(tmp_path, tiny_model
     recipe = write_recipe(tmp_path / "r.yaml", tiny_model, actor={"lr": 0.002, "micro_batch_size": 4})
     result = run_hflow("validate", str(recipe), "--set", key, timeout=120)
     assert_one_line_error(result, str(recipe), *needles)
+
+
+def test_an_evaluation_s_decoding_batch_is_counted_where_it_holds_more(tiny_model):
+    """eval.batch_size (else rollout.batch_size) in whole prompt groups, at the evaluation's longest
+    response, counted as rows of the rollout's length holding as much KV cache; the larger of that
+    and the rollout's decoding batch is the step's."""
+    base = {"model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits", "max_prompt_length": 16},
+            "rollout": {"n": 3, "max_response_length": 8, "batch_size": 8},
+            "actor": {"micro_batch_size": 4}, "trainer": {"prompts_per_step": 4}}
+    dims = step_memory.model_dims(build_recipe(base, {}, "r.yaml"))
+    kv_row = 24 * 2 * 2 * 64 * 4  # one row of 16 + 8 tokens: keys and values of 2 layers of 64, float32
+
+    def rows(data: dict, eval_section: dict) -> tuple[int, int]:
+        recipe = build_recipe({**base, "data": {**base["data"], **data}, "eval": eval_section}, {}, "r.yaml")
+        return step_memory.eval_decode_rows(recipe), step_memory.recipe_step_memory(recipe, dims).kv_cache // kv_row
+
+    assert rows({}, {}) == (0, 6)  # no evaluation: the rollout's 2 groups of 3
+    # data.eval, greedy n=1, rollout.batch_size 8 at 16 + 8 tokens: 8 rows, more than the rollout's 6.
+    assert rows({"eval": "synthetic:digits"}, {}) == (8, 8)
+    # eval.batch_size 32 with responses of 40: 32 x (16 + 40) = 1,792 tokens = 74.7 -> 75 rows of 24.
+    assert rows({"eval": "synthetic:digits"}, {"batch_size": 32, "max_response_length": 40}) == (75, 75)
+    # eval.n 5 in a batch of 8: one group of 5 (whole groups), fewer than the rollout's 6.
+    assert rows({"eval": "synthetic:digits"}, {"n": 5, "batch_size": 8}) == (5, 6)
+    # A set at its own 16 tokens: its greedy pass 8 rows x 32 = 256 tokens (10.7 -> 11 rows of 24), more
+    # than its sampled pass's 2 groups of k=3 (6 x 32 = 192).
+    assert rows({}, {"batch_size": 8, "sets": [{"name": "s", "data": "synthetic:digits", "k": 3,
+                                                "max_response_length": 16}]}) == (11, 11)
+
+
+def test_a_too_large_evaluation_batch_is_refused_naming_its_key(monkeypatch, tiny_model):
+    data = {"model": {"path": str(tiny_model)}, "data": {"train": "synthetic:digits", "eval": "synthetic:digits"},
+            "rollout": {"n": 4, "max_response_length": 768, "batch_size": 32},
+            "eval": {"batch_size": 4096}, "trainer": {"prompts_per_step": 8, "device": "cpu"}}
+    # KV: 4,096 rows x (256 + 768) x 2 x 2 x 64 x 4 B = 4 GiB; at batch 32 the whole step is 0.04 GiB.
+    _check({**data, "eval": {"batch_size": 32}}, 1.0, monkeypatch)
+    with pytest.raises(UserError) as err:
+        _check(data, 1.0, monkeypatch)
+    line = str(err.value)
+    assert "KV cache 4.00 GiB" in line and line.endswith("(or actor.micro_batch_size, eval.batch_size)"), line

@@ -217,3 +217,29 @@ def test_a_sets_file_beside_the_recipe_is_found_and_kept_absolute(tmp_path, monk
     (tmp_path / "here.jsonl").write_text("")
     loaded.eval.sets[0].data = "here.jsonl"  # what exists in the current folder: absolute for the run directory
     assert absolute_paths(loaded).eval.sets[0].data == str(tmp_path / "here.jsonl")
+
+
+def test_eval_batch_size_reaches_every_pass_and_the_generator_s_sampling(tiny_model):
+    """eval.batch_size rides in each pass's sampling (data.eval's, a set's greedy and sampled ones)
+    and becomes the generation call's SamplingParams.batch_size; unset, None (the generator's own
+    rollout.batch_size), and a training rollout never has one."""
+    from hflow.engine.models.loading import load_tokenizer
+    from hflow.engine.rollout.rollout_batch import sampling_for
+    from hflow.trainer.config.load import build_recipe
+    from hflow.trainer.placement.worker_specs import actor_spec
+
+    tokenizer = load_tokenizer(str(tiny_model))
+    sets = [{"name": "s", "data": "synthetic:letter", "k": 2}]
+    for batch in (48, None):
+        recipe = build_recipe({"model": {"path": str(tiny_model)},
+                               "data": {"train": "synthetic:digits", "eval": "synthetic:digits"},
+                               "eval": {"sets": sets, **({"batch_size": batch} if batch else {})}}, {}, "r.yaml")
+        samplings = [sampling for held_out in Evaluator(recipe, tokenizer).sets for _, sampling in held_out.passes]
+        assert [s["batch_size"] for s in samplings] == [batch] * 3
+        rollout = actor_spec(recipe).rollout
+        for sampling in samplings:
+            params, _, _ = sampling_for(Batch(columns={}, meta={"step": 0, "eval": sampling}), rollout, 0, 0,
+                                        torch.device("cpu"))
+            assert params.batch_size == batch
+    params, _, _ = sampling_for(Batch(columns={}, meta={"step": 1}), rollout, 0, 0, torch.device("cpu"))
+    assert params.batch_size is None
