@@ -45,7 +45,11 @@ print(json.dumps({"before": before, "peak": peak.peak, "exact": peak.exact, "aft
 
 
 @pytest.mark.slow
-def test_switch_to_rollout_and_back_adds_no_weight_copy(tmp_path):
+def test_switch_to_rollout_and_back_adds_no_weight_copy(tmp_path, cpu_products):
+    """The rollout samples on the training module's own weights. With oneDNN's products the lean
+    decoding step holds one reordered copy of them while a batch decodes (`fast_decode.py`), and
+    nothing more; with the BLAS's, none (which products run is decided per test: a test process's
+    own choice, and what earlier tests left in the heap, made the figure depend on the order)."""
     from hflow.engine.models.loading import build_tiny_model
 
     model = build_tiny_model(tmp_path / "medium", "medium")
@@ -76,9 +80,11 @@ def test_switch_to_rollout_and_back_adds_no_weight_copy(tmp_path):
         groups["actor"].generate_sequences(prompts)
         worker.phases.to_train()
     growth = peak.peak - before
-    if not peak.exact and growth >= weight_bytes / 2:
+    copies = 1 if cpu_products == "onednn" else 0  # the decoding step's reordered weights
+    bound = (copies + 0.5) * weight_bytes
+    if not peak.exact and growth >= bound:
         pytest.skip("/proc/self/clear_refs refused and an earlier peak hides this one's: inconclusive")
-    assert growth < weight_bytes / 2, (growth, weight_bytes)
+    assert growth < bound, (growth, weight_bytes, cpu_products)
     assert switch["training_state_bytes"] >= 3 * weight_bytes  # weights + fp32 masters + 2 Adam moments
     # The switch's time is a benchmark's business (`hflow bench switch`), not a test's.
     assert switch["to_rollout_s"] >= 0 and switch["to_train_s"] >= 0
