@@ -174,6 +174,25 @@ def routes(weight: torch.Tensor) -> bool:
             and onednn_chosen())
 
 
+def decodes_packed(weight: torch.Tensor) -> bool:
+    """Whether the lean decoding step multiplies on weights reordered for oneDNN (`packed`): in
+    float32 where `routes` says so; in bfloat16 on a CPU where oneDNN takes bf16 (AVX-512 and up),
+    where torch's own products run through oneDNN too but on the plain weights (SmolLM2's MLP
+    product at 32 rows, cache cold: 96 us packed against 131 as `weight @ x`, 16 rows 68 against
+    137; docs/benchmarks.md, "bfloat16 on a CPU that has it")."""
+    if weight.dtype == torch.bfloat16:
+        return (weight.device.type == "cpu" and onednn_available() and not hasattr(weight, "ds_id")
+                and _onednn_takes_bf16())
+    return routes(weight)
+
+
+@functools.cache
+def _onednn_takes_bf16() -> bool:
+    """Whether torch's oneDNN runs bfloat16 products on this CPU (it refuses below AVX-512)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check is not None and check())
+
+
 class _Linear(torch.autograd.Function):
     """F.linear with its three products through oneDNN: y = x W^T + b, dx = dy W, dW = dy^T x."""
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hflow.engine import work_meter
-from hflow.engine.cpu_products import packed, product, routes
+from hflow.engine.cpu_products import decodes_packed, packed, product
 from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache, shares_prompts
 
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
@@ -82,10 +82,10 @@ class FastDecoder:
             self.cache = RowCache(cache, mask, repeat, max_new_tokens, manual)
         capacity = mask.shape[1] + max_new_tokens
         self.weight_left = device.type != "cpu"  # else by the batch's rows (`_linear`)
-        # oneDNN's products where they beat the BLAS here (`cpu_products.py`): F.linear's layout,
-        # no row-count steps (SmolLM2's 210 products: 22 to 32 ms at 12 to 32 rows, smoothly,
-        # benchmarks/cpu_products.py).
-        self.onednn = routes(inner.layers[0].self_attn.q_proj.weight)
+        # oneDNN's products where they beat the BLAS here, and in bfloat16 on a CPU
+        # (`cpu_products.decodes_packed`): F.linear's layout, no row-count steps (SmolLM2's 210
+        # products: 22 to 32 ms at 12 to 32 rows, smoothly, benchmarks/cpu_products.py).
+        self.onednn = decodes_packed(inner.layers[0].self_attn.q_proj.weight)
         self.next_position = mask.sum(-1).repeat_interleave(repeat)
         config = model.config
         self.heads = config.num_attention_heads
@@ -206,7 +206,7 @@ class FastDecoder:
         head = self.model.lm_head
         if self.meter is not None:
             self.meter.on_head(head, (h,), None)
-        return product(h, self.head_weight, head.bias)
+        return product(h, self.head_weight, head.bias).float()  # (bfloat16's logits in float32, as `_head`)
 
     def _split_qkv(self, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q (B, kv_heads, group, head_dim), k and v (B, kv_heads, 1, head_dim) from the joined q/k/v

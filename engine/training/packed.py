@@ -141,24 +141,30 @@ class PackedRows:
 
     def attend(self, query, key, value, dropout: float, scaling) -> torch.Tensor:
         """The attention output (1, T, heads, d) of packed (1, heads, T, d) queries, keys and values."""
-        gqa = query.shape[1] != key.shape[1]
+        attention = functools.partial(_attention, dropout_p=dropout, scale=scaling,
+                                      enable_gqa=query.shape[1] != key.shape[1])
         if self.prompts is None:
             q, k, v = (self.rows.scatter(t) for t in (query, key, value))
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True,
-                                                 enable_gqa=gqa)
-            return self.rows.gather(out)[None]
+            return self.rows.gather(attention(q, k, v, is_causal=True))[None]
         split = self.prompts.tokens
         q, k, v = (self.prompts.scatter(t[:, :, :split]) for t in (query, key, value))
-        parts = [self.prompts.gather(F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa))]
+        parts = [self.prompts.gather(attention(q, k, v, is_causal=True))]
         if self.rows.tokens:
             k = torch.cat([k[self.groups], self.rows.scatter(key[:, :, split:])], 2)
             v = torch.cat([v[self.groups], self.rows.scatter(value[:, :, split:])], 2)
-            out = F.scaled_dot_product_attention(self.rows.scatter(query[:, :, split:]), k, v,
-                                                 attn_mask=self.attend_mask, dropout_p=dropout, scale=scaling,
-                                                 enable_gqa=gqa)
+            out = attention(self.rows.scatter(query[:, :, split:]), k, v, attn_mask=self.attend_mask)
             parts.append(self.rows.gather(out))
         return torch.cat(parts)[None]
+
+
+def _attention(q, k, v, **kwargs) -> torch.Tensor:
+    """SDPA; on a CPU in 16-bit floats, computed in float32 and given back in the inputs' dtype: torch's
+    CPU kernels for bfloat16 ran a grid's attention with its backward 2.1-3.7x slower than on the
+    same values in float32 (SmolLM2's heads, a micro-batch of 32 rows: 22.6 ms against 10.6 with the
+    row mask, 4.8 against 1.3 causal; docs/benchmarks.md), and float32 is the more exact."""
+    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
 
 
 def packed_logits(forward, ids: torch.Tensor, widths: torch.Tensor, start: torch.Tensor,

@@ -76,7 +76,8 @@ def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dty
     """A Qwen2-shaped model (q/k/v biases, 2 key-value heads for 4 query heads, tied head) on
     left-padded prompts: each lean step's logits are the forward's, in float32 and bfloat16, with
     the BLAS's products as `F.linear` (few rows) and as `weight @ x` (many, the head in vocabulary
-    slices of 40, 40 and 17 rows), and with oneDNN's (float32)."""
+    slices of 40, 40 and 17 rows), and with oneDNN's (float32 where chosen; bfloat16 wherever oneDNN
+    takes it, whatever the choice)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from hflow.engine.padding import positions
@@ -235,3 +236,30 @@ def test_a_call_s_own_batch_size_sets_its_decoding_chunks_and_not_its_tokens(tin
         assert torch.equal(got[batch]["responses"], got[None]["responses"])
         torch.testing.assert_close(got[batch]["rollout_log_probs"], got[None]["rollout_log_probs"],
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reordered", [True, False])
+def test_bfloat16_decodes_on_reordered_weights_where_onednn_takes_bfloat16(tiny_model, reordered, monkeypatch):
+    """In bfloat16 on a CPU the lean step multiplies on oneDNN's reordered weights where torch's
+    oneDNN takes bf16 (AVX-512 and up), else as the BLAS's path does; either way its float32
+    logits are the forward's within bf16's rounding."""
+    from hflow.engine import cpu_products
+    from hflow.engine.padding import positions
+    from hflow.engine.rollout.fast_decode import FastDecoder
+    from hflow.engine.rollout.generation import ForwardDecoder
+
+    if reordered and not cpu_products._onednn_takes_bf16():
+        pytest.skip("torch's oneDNN takes no bfloat16 on this CPU")
+    monkeypatch.setattr(cpu_products, "_onednn_takes_bf16", lambda: reordered)
+    model = load_causal_lm(str(tiny_model), torch.bfloat16)
+    ids = torch.tensor([[0, 5, 6, 7], [1, 2, 3, 4]]).repeat(8, 1)  # 16 rows: the BLAS's `weight @ x`
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]).repeat(8, 1)
+    with torch.no_grad():
+        caches = [model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
+                        use_cache=True).past_key_values for _ in range(2)]
+        fast, slow = FastDecoder(model, caches[0], mask, 3), ForwardDecoder(model, caches[1], mask)
+        assert fast.onednn == reordered
+        for token in (9, 10, 11):
+            got, want = fast.step(torch.full((16,), token)), slow.step(torch.full((16,), token))
+            assert got.dtype == torch.float32 and got.is_contiguous()
+            torch.testing.assert_close(got, want.float(), rtol=0.05, atol=0.05)

@@ -166,3 +166,24 @@ def test_only_full_attention_models_on_sdpa_pack():
     eager = _model("llama")
     eager.config._attn_implementation = "eager"
     assert not packed.can_pack(eager)
+
+
+def test_a_bfloat16_model_s_packed_attention_runs_in_float32_on_the_cpu(monkeypatch):
+    """torch's CPU attention kernels are slower in bfloat16 than in float32: a bfloat16 model's grids
+    attend in float32, and the layer goes on in bfloat16. Its log-probs are the float32 model's
+    within bfloat16's rounding of the same weights, and its gradients arrive in bfloat16."""
+    model = _model("llama")
+    want = _alone(model, _batch(True))
+    model = model.to(torch.bfloat16)
+    batch = _batch(True)
+    seen = []
+    sdpa = packed.F.scaled_dot_product_attention
+    monkeypatch.setattr(packed.F, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append(q.dtype) or sdpa(q, k, v, **kw))
+    got, _ = logprobs.response_log_probs(model, batch, 1.0)
+    assert model.config._attn_implementation == packed.PACKED
+    assert seen == [torch.float32] * (2 * model.config.num_hidden_layers)  # a layer: prompts, then rows
+    mask = batch["response_mask"].float()
+    torch.testing.assert_close(got.float() * mask, want * mask, rtol=0, atol=0.1)
+    grads = _grads(model, got, torch.randn(mask.shape, generator=torch.Generator().manual_seed(5)) * mask)
+    assert all(g.dtype == torch.bfloat16 and g.abs().sum() > 0 for g in grads)
