@@ -15,10 +15,10 @@ in float32 its forward and backward products run through `product` when oneDNN i
 and through `F.linear` otherwise (a GPU, bfloat16, ZeRO-3's partitioned weights, whose gathering
 DeepSpeed ties to `F.linear`). The lean decoding step calls `product` itself.
 
-Which is faster is measured on a product of a typical shape, both ways, on one thread (`onednn_chosen`); oneDNN
-is taken only when clearly faster (`MARGIN`). A run measures once, when it begins, and every process
-of it, a resume included, keeps that choice (`settle`). `HFLOW_CPU_PRODUCTS=onednn|blas` decides
-instead (`auto`, the default, measures).
+Which is faster is measured on a product of a typical shape, both ways, on one thread
+(`onednn_chosen`); oneDNN is taken only when clearly faster (`MARGIN`). A run measures once, when it
+begins, and every process of it, a resume included, keeps that choice (`settle`).
+`HFLOW_CPU_PRODUCTS=onednn|blas` decides instead (`auto`, the default, measures).
 
 oneDNN keeps every primitive it builds, one per product shape, in two caches (its own and ideep's,
 torch's wrapper around it) of 1,024 entries each. A run's products change shape at every step
