@@ -116,7 +116,7 @@ def role_run(recipe: Recipe, role: str, generator_copy: bool = False) -> RoleRun
     frozen models scoring in the actor's scoring micro-batches (partitioned under the actor's
     ZeRO-3), the actor generating with the rollout engine."""
     if role == ROLLOUT:
-        return RoleRun(GENERATOR, generation=_generation(recipe))
+        return RoleRun(GENERATOR, generation=_generation(recipe, evaluates=False))
     if role not in SECTION:
         return RoleRun(role, zero_stage=recipe.actor.zero_stage, micro_seqs=recipe.actor.scoring_micro_batch,
                        rows=recipe.sequences_per_step)
@@ -129,10 +129,12 @@ def role_run(recipe: Recipe, role: str, generator_copy: bool = False) -> RoleRun
                    generation=_generation(recipe, generator_copy) if role == "actor" else None)
 
 
-def _generation(recipe: Recipe, copy: bool = False) -> Generation:
+def _generation(recipe: Recipe, copy: bool = False, evaluates: bool = True) -> Generation:
+    """How the actor samples; `evaluates`: it also decodes the evaluations (the actor does, async
+    mode's generator pool never: evaluation asks the actor)."""
     r = recipe.rollout
     return Generation(r.engine, r.batch_size, r.tensor_parallel_size, r.gpu_memory_utilization,
-                      recipe.actor.offload_in_rollout, copy, evaluated=0 if copy else eval_decode_rows(recipe))
+                      recipe.actor.offload_in_rollout, copy, evaluated=eval_decode_rows(recipe) if evaluates else 0)
 
 
 def overflow(mem: PoolMemory, device: Device) -> str:
