@@ -7,7 +7,8 @@ steps, and two peaks measured here, on the run's device in the run's dtype:
     a decode batch's rows for generation, a micro-batch's tokens for scoring and the update
     (thin products run well below the large-matrix rate, which is reported too); on a CPU the
     faster of torch's BLAS and oneDNN (`engine/cpu_products.py`), whichever the run used;
-  - the memory bandwidth (bytes/s) of a large tensor copy.
+  - the memory bandwidth (bytes/s) of a large tensor copy;
+each the best of `RATE_PASSES` measurements taken apart.
 limit = max(needed FLOPs / FLOP/s, needed bytes / bandwidth) (the roofline, Williams et al. 2009);
 share = limit / measured time: 1 would be the machine's best at that shape, so 1 - share is what
 is lost to waste (computed above needed), overheads and kernels below peak. Beside it, the least
@@ -32,6 +33,15 @@ from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.work.account import PHASES, decode_batch_rows, needed_labels, role_shapes
 
 TRAINED = {"update_actor": "actor", "update_critic": "critic"}
+LARGE = (1024, 1024, 1024)  # the large-matrix product whose rate is reported beside the phases'
+# The peaks are measured in this many passes, each over every shape (so a second or more apart),
+# and each one's best kept. On the 2-core development machine two threads ran a thin product at one
+# of two rates that held for seconds (SmolLM2's 32 x 576 x 1,536: 245-260 or 295-337 GFLOP/s across
+# fresh processes, 2026-11-28) and copied memory at 46 or 77 GB/s: one pass that met the slow state
+# set a limit up to a third too generous, and the share of it as much too high. With 3 passes, three
+# `bench step` runs of grpo/smollm2-arithmetic put generation's limit at 0.75-0.77 s, where single
+# passes had put it at 0.74-1.23 s.
+RATE_PASSES = 3
 SECTION = {"actor": "actor", "reference": "actor", "critic": "critic", "cost_critic": "critic",
            "reward": "actor", "cost": "actor"}  # whose micro-batch sizes a model's passes use
 
@@ -136,29 +146,40 @@ def minimum_memory(phase: str, label: str, shape: ModelShape, recipe: Recipe, to
     return resident, memory.inference_activations(shape, lm_head, micro, seq, 1, nbytes)
 
 
+def best_peaks(products: list[tuple[int, int, int]], device: torch.device, dtype: torch.dtype,
+               passes: int = RATE_PASSES) -> tuple[dict[tuple[int, int, int], float], float]:
+    """Each product's FLOP/s and the copy bandwidth, the best of `passes` measurements taken apart
+    (one pass over them all, then the next): see `RATE_PASSES`."""
+    rates: dict[tuple[int, int, int], float] = {}
+    bandwidth = 0.0
+    for _ in range(passes):
+        for shape in products:
+            rates[shape] = max(rates.get(shape, 0.0), matmul_rate(*shape, device, dtype))
+        bandwidth = max(bandwidth, copy_bandwidth(device))
+    return rates, bandwidth
+
+
 def account(events: list[dict], recipe: Recipe) -> dict:
     """The account of a run's step events (see the module docstring): {"phases", "step", "peaks"}."""
     device = pick_device(recipe.trainer.device)
     dtype = resolve_dtype(recipe.model.dtype, device)
     nbytes = torch.finfo(dtype).bits // 8
     shapes, per_row = role_shapes(recipe), row_tokens(events, recipe)
-    peaks = {"matmul_1024_flops_per_s": matmul_rate(1024, 1024, 1024, device, dtype),
-             "bandwidth_bytes_per_s": copy_bandwidth(device), "dtype": str(dtype).removeprefix("torch.")}
-    rates: dict[tuple[int, int, int], float] = {}
-    phases, resident = {}, {}
+    counted = {}  # phase -> (its model's label, its typical product)
     for phase in PHASES:
-        needed = _median(events, f"work/{phase}/needed_flops")
-        if needed is None:
-            continue
-        label = next(label for label in needed_labels(phase, recipe) if label in shapes)
-        shape = shapes[label]
-        product = (phase_rows(phase, label, recipe, per_row), shape.hidden, shape.ffn)
-        if product not in rates:
-            rates[product] = matmul_rate(*product, device, dtype)
-        held, transient = minimum_memory(phase, label, shape, recipe, per_row, nbytes)
+        if _median(events, f"work/{phase}/needed_flops") is not None:
+            label = next(label for label in needed_labels(phase, recipe) if label in shapes)
+            shape = shapes[label]
+            counted[phase] = label, (phase_rows(phase, label, recipe, per_row), shape.hidden, shape.ffn)
+    rates, bandwidth = best_peaks([LARGE, *{shape for _, shape in counted.values()}], device, dtype)
+    peaks = {"matmul_1024_flops_per_s": rates[LARGE], "bandwidth_bytes_per_s": bandwidth,
+             "dtype": str(dtype).removeprefix("torch.")}
+    phases, resident = {}, {}
+    for phase, (label, typical) in counted.items():
+        held, transient = minimum_memory(phase, label, shapes[label], recipe, per_row, nbytes)
         resident[label] = max(resident.get(label, 0.0), held)
-        phases[phase] = phase_line(events, phase, rates[product], peaks["bandwidth_bytes_per_s"],
-                                   {"matmul_shape": list(product), "min_memory_bytes": held + transient,
+        phases[phase] = phase_line(events, phase, rates[typical], bandwidth,
+                                   {"matmul_shape": list(typical), "min_memory_bytes": held + transient,
                                     "transient_bytes": transient})
     step = step_line(phases, sum(resident.values()), max(e.get("memory/peak_bytes", 0.0) for e in events))
     return {"phases": phases, "step": step, "peaks": peaks}

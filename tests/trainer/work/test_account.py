@@ -62,3 +62,24 @@ def test_work_done_ahead_is_reported_by_the_step_it_was_done_for():
     assert step_counts({"generate@2": gen(1), "generate": gen(1)}, None, {}) == {
         "generate": {"actor": {"tokens": 2, "keys": 2}}}
     assert work_meter.of_step("generate@12") == ("generate", 12) and work_meter.of_step("eval") == ("eval", None)
+
+
+def test_the_peaks_are_the_best_of_passes_taken_apart(monkeypatch):
+    """Each product's rate and the bandwidth are measured once per pass, every product in a pass
+    before the next pass begins, and the best of the passes is kept: a pass that met the machine
+    in a slow state does not set the limit."""
+    import torch
+
+    from hflow.trainer.work import bench_account
+
+    calls = []
+    measured = {(1024, 1024, 1024): iter([400.0, 450.0, 420.0]), (32, 576, 1536): iter([250.0, 330.0, 260.0])}
+    bandwidths = iter([46.0, 77.0, 45.0])
+    monkeypatch.setattr(bench_account, "matmul_rate", lambda m, k, n, device, dtype: calls.append((m, k, n)) or
+                        next(measured[(m, k, n)]))
+    monkeypatch.setattr(bench_account, "copy_bandwidth", lambda device: calls.append("copy") or next(bandwidths))
+    rates, bandwidth = bench_account.best_peaks([(1024, 1024, 1024), (32, 576, 1536)], torch.device("cpu"),
+                                                torch.float32)
+    assert rates == {(1024, 1024, 1024): 450.0, (32, 576, 1536): 330.0} and bandwidth == 77.0
+    assert calls == [(1024, 1024, 1024), (32, 576, 1536), "copy"] * bench_account.RATE_PASSES == [
+        (1024, 1024, 1024), (32, 576, 1536), "copy"] * 3
