@@ -223,7 +223,8 @@ def test_a_call_s_own_batch_size_sets_its_decoding_chunks_and_not_its_tokens(tin
     tok, _, engine = _engine(tiny_model, batch_size=4)
     chunks = []
     chunk = engine._generate_chunk
-    monkeypatch.setattr(engine, "_generate_chunk", lambda prompts, *a: chunks.append(len(prompts)) or chunk(prompts, *a))
+    monkeypatch.setattr(engine, "_generate_chunk",
+                        lambda prompts, *a: chunks.append(len(prompts)) or chunk(prompts, *a))
     prompts = [tok(t, add_special_tokens=False).input_ids for t in ["write digits: ", "say q: ", "echo ab: ",
                                                                     "a longer prompt: ", "z: "]]
     got = {}
