@@ -18,6 +18,7 @@ OTHER_NAMES: dict[str, tuple[str, ...]] = {
     "learning_rate": ("actor.lr", "TRL"),
     "max_steps": ("trainer.total_steps", "TRL"),
     "per_device_train_batch_size": ("actor.micro_batch_size", "TRL"),
+    "per_device_eval_batch_size": ("eval.batch_size", "TRL", "hflow's is the evaluation's decoding batch"),
     "save_steps": ("trainer.save_every", "TRL"),
     "max_grad_norm": ("actor.grad_clip", "TRL"),
     "warmup_steps": ("actor.warmup_steps", "TRL"),

@@ -13,6 +13,7 @@ from hflow.trainer.config.other_names import OTHER_NAMES
     ("grpo.beta=0.1", ["'beta' is TRL's name", "hflow's key is 'grpo.kl_coef'"]),
     ("trainer.num_generations=8", ["TRL's name", "'rollout.n'"]),
     ("actor.ppo_mini_batch_size=4", ["verl's name", "'actor.mini_batch_size'", "verl counts prompts"]),
+    ("eval.per_device_eval_batch_size=64", ["TRL's name", "'eval.batch_size'", "evaluation's decoding batch"]),
     ("rollout.max_respons_length=8", ["did you mean 'max_response_length'?"]),  # a typo: the close match
 ])
 def test_an_unknown_key_gets_the_hflow_key(given, needles):
