@@ -110,3 +110,9 @@ class EvalConfig(Section):
         if twice:
             raise ValueError(f"eval.sets: the name {twice[0]!r} is used twice; each set needs its own name")
         return self
+
+    def response_limit(self, rollout_limit: int, held_out: EvalSet | None = None) -> int:
+        """Most new tokens per response of data.eval (`held_out` None) or of a set: its own limit,
+        else eval.max_response_length, else the rollout's."""
+        own = held_out.max_response_length if held_out is not None else None
+        return own or self.max_response_length or rollout_limit

@@ -108,8 +108,7 @@ def recipe_step_memory(recipe: Recipe, dims: ModelDims | None) -> StepMemory:
     vLLM keeps its own cache), the actor's micro-batches."""
     r, length = recipe.rollout, recipe.data.max_prompt_length + recipe.rollout.max_response_length
     sequences = recipe.sequences_per_step
-    decode = min(sequences, _decoded_rows(r.batch_size, r.n)) if r.engine == "hf" else 0
-    decode = max(decode, eval_decode_rows(recipe))
+    decode = max(rollout_decode_rows(recipe) if r.engine == "hf" else 0, eval_decode_rows(recipe))
     actor = recipe.actor
     micro = max(1, actor.micro_batch_tokens // length) if actor.micro_batch_tokens else actor.micro_batch_size
     dtype_bytes = 2 if recipe.model.dtype == "bfloat16" else 4
@@ -117,9 +116,15 @@ def recipe_step_memory(recipe: Recipe, dims: ModelDims | None) -> StepMemory:
                        decode, min(micro, sequences), dims, dtype_bytes, min(actor.scoring_micro_batch, sequences))
 
 
-def _decoded_rows(batch: int, n: int) -> int:
+def decoded_rows(batch: int, n: int) -> int:
     """Rows of one decoding batch of the hf engine: whole groups of n within `batch` (at least one)."""
     return max(1, batch // n) * n
+
+
+def rollout_decode_rows(recipe: Recipe) -> int:
+    """Rows the hf engine decodes together in a rollout: rollout.batch_size in whole prompt groups,
+    at most a step's sequences."""
+    return min(recipe.sequences_per_step, decoded_rows(recipe.rollout.batch_size, recipe.rollout.n))
 
 
 def eval_decode_rows(recipe: Recipe) -> int:
@@ -129,12 +134,12 @@ def eval_decode_rows(recipe: Recipe) -> int:
     e, r, data = recipe.eval, recipe.rollout, recipe.data
     if r.engine != "hf":
         return 0
-    passes = [(e.n, e.max_response_length or r.max_response_length)] if data.eval else []
+    passes = [(e.n, e.response_limit(r.max_response_length))] if data.eval else []
     for s in e.sets:
-        limit = s.max_response_length or e.max_response_length or r.max_response_length
+        limit = e.response_limit(r.max_response_length, s)
         passes += [(1, limit)] + ([(s.k, limit)] if s.k > 1 else [])
     batch, prompt = e.batch_size or r.batch_size, data.max_prompt_length
-    tokens = max((_decoded_rows(batch, n) * (prompt + limit) for n, limit in passes), default=0)
+    tokens = max((decoded_rows(batch, n) * (prompt + limit) for n, limit in passes), default=0)
     return -(-tokens // (prompt + r.max_response_length))
 
 
@@ -182,9 +187,7 @@ def check_step(recipe: Recipe, origin: str) -> None:
 
 def _decode_key(recipe: Recipe) -> str:
     """The key that sizes the larger decoding batch: the rollout's, or an evaluation's."""
-    r = recipe.rollout
-    rollout = min(recipe.sequences_per_step, _decoded_rows(r.batch_size, r.n))
-    return "eval.batch_size" if eval_decode_rows(recipe) > rollout else "rollout.batch_size"
+    return "eval.batch_size" if eval_decode_rows(recipe) > rollout_decode_rows(recipe) else "rollout.batch_size"
 
 
 def _runs_on_cpu(recipe: Recipe) -> bool:

@@ -105,10 +105,10 @@ class Evaluator:
         self.sets: list[HeldOut] = []
         if recipe.data.eval:
             sampling = {"n": e.n, "temperature": e.temperature, "batch_size": e.batch_size,
-                        "max_response_length": e.max_response_length or r.max_response_length}
+                        "max_response_length": e.response_limit(r.max_response_length)}
             self.sets.append(HeldOut("eval/", read_eval_rows(recipe.data, function, recipe.seed), [("main", sampling)]))
         for s in e.sets:
-            limit = s.max_response_length or e.max_response_length or r.max_response_length
+            limit = e.response_limit(r.max_response_length, s)
             passes = [("greedy", {"n": 1, "temperature": 0.0, "max_response_length": limit,
                                   "batch_size": e.batch_size})]
             if s.k > 1:

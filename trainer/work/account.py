@@ -28,6 +28,7 @@ from hflow.engine.models.loading import resolve_dtype
 from hflow.errors import UserError
 from hflow.mapper.models import ModelShape, resolve_model
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.config.step_memory import decoded_rows
 from hflow.trainer.work.needed import (
     BACKWARD,
     StepRows,
@@ -149,8 +150,7 @@ def dtype_bytes(recipe: Recipe) -> int:
 
 def decode_batch_rows(recipe: Recipe) -> int:
     """Rows the hf engine decodes together: whole prompt groups within `rollout.batch_size`."""
-    n = recipe.rollout.n
-    return max(1, recipe.rollout.batch_size // n) * n
+    return decoded_rows(recipe.rollout.batch_size, recipe.rollout.n)
 
 
 def trained_params(recipe: Recipe, section: str, shape: ModelShape) -> int:

@@ -171,7 +171,8 @@ def account(events: list[dict], recipe: Recipe) -> dict:
             label = next(label for label in needed_labels(phase, recipe) if label in shapes)
             shape = shapes[label]
             counted[phase] = label, (phase_rows(phase, label, recipe, per_row), shape.hidden, shape.ffn)
-    rates, bandwidth = best_peaks([LARGE, *{shape for _, shape in counted.values()}], device, dtype)
+    rates, bandwidth = best_peaks(list(dict.fromkeys([LARGE, *(shape for _, shape in counted.values())])),
+                                  device, dtype)
     peaks = {"matmul_1024_flops_per_s": rates[LARGE], "bandwidth_bytes_per_s": bandwidth,
              "dtype": str(dtype).removeprefix("torch.")}
     phases, resident = {}, {}
