@@ -10,10 +10,12 @@ parameters). The prefill still runs through transformers; its cache is copied in
 
 On a CPU in float32 the attention is written out as two matmuls and a softmax: for one
 query token that is faster than `scaled_dot_product_attention`'s kernel; elsewhere (GPU,
-bfloat16) the fused kernel is used. Where oneDNN's products beat torch's BLAS on this CPU
-(`cpu_products.py`), the projections and the head run through oneDNN on weights reordered for the
-batch, q/k/v and gate/up each joined into one product; the constants below are for the BLAS's
-products.
+bfloat16) the fused kernel is used. The step multiplies in one of three layouts (`step_layout`):
+where oneDNN's products beat torch's BLAS on this CPU (`cpu_products.py`), the projections and the
+head run through oneDNN on weights reordered for the batch, q/k/v and gate/up each joined into one
+product, the hidden state carried as rows; on a GPU, as rows through `F.linear` on the model's own
+weights (no copy); with a CPU's BLAS, as columns (`weight @ x`). The constants below are for the
+BLAS's products.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
 # With torch's BLAS: from this many rows up, a CPU's (MKL's) float32 product runs faster as
 # `weight @ x` than as `F.linear(x, weight)` (1.3-2.8x at 16-32 rows); below, `F.linear` on rows
 # made contiguous is 2-3x faster (2-8 rows; equal at 12). Measured at SmolLM2's and the 27M
-# model's shapes, 2 threads (docs/benchmarks.md). A GPU always takes `weight @ x`: one product.
+# model's shapes, 2 threads (docs/benchmarks.md).
 WEIGHT_LEFT_FROM_ROWS = 12
 # On a CPU, the BLAS's `weight @ x` products of a decoding step run fast at multiples of 8 rows and
 # up to 1.7x slower in between: SmolLM2's 210 products of a step took 50.6 ms at 32 rows, 85.1 at
@@ -57,6 +59,18 @@ def supports(model) -> bool:
     return not any(hasattr(p, "ds_id") for p in model.parameters())
 
 
+def step_layout(weight: torch.Tensor) -> str:
+    """How a decoding step on weights like this one multiplies: "packed" (the hidden state as rows,
+    oneDNN's products on reordered weights: `cpu_products.decodes_packed`), "rows" (as rows,
+    `F.linear` on the model's own weights: a GPU, where the layout costs nothing and every kernel
+    launch counts: a SmolLM2 step is 607 operators as rows against 1,096 as columns, counting each
+    call from Python once), or "columns" (as (hidden, B), `weight @ x`: a CPU's BLAS, see
+    `FastDecoder.step`)."""
+    if weight.device.type != "cpu":
+        return "rows"
+    return "packed" if decodes_packed(weight) else "columns"
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -81,11 +95,10 @@ class FastDecoder:
         else:
             self.cache = RowCache(cache, mask, repeat, max_new_tokens, manual)
         capacity = mask.shape[1] + max_new_tokens
-        self.weight_left = device.type != "cpu"  # else by the batch's rows (`_linear`)
         # oneDNN's products where they beat the BLAS here, and in bfloat16 on a CPU
         # (`cpu_products.decodes_packed`): F.linear's layout, no row-count steps (SmolLM2's 210
         # products: 22 to 32 ms at 12 to 32 rows, smoothly, benchmarks/cpu_products.py).
-        self.onednn = decodes_packed(inner.layers[0].self_attn.q_proj.weight)
+        self.layout = step_layout(inner.layers[0].self_attn.q_proj.weight)
         self.next_position = mask.sum(-1).repeat_interleave(repeat)
         config = model.config
         self.heads = config.num_attention_heads
@@ -100,7 +113,7 @@ class FastDecoder:
         # into its layout for the batch's rows (a copy of the weights while the batch decodes).
         self.weights = [LayerWeights(layer) for layer in inner.layers]
         self.head_weight = model.lm_head.weight
-        if self.onednn:
+        if self.layout == "packed":
             rows = mask.shape[0] * repeat
             for w in self.weights:
                 w.pack(rows)
@@ -119,9 +132,9 @@ class FastDecoder:
     def batch_rows(self, live: int, batch: int) -> int:
         """Rows to keep decoding when `live` of `batch` are unfinished: the live ones (a drop copies
         only the rows that fill the holes, `select`), on a CPU from `WEIGHT_LEFT_FROM_ROWS` up
-        rounded up to a multiple of `CPU_ROW_MULTIPLE` (finished rows kept, fed padding) unless its
-        products run through oneDNN."""
-        if self.weight_left or self.onednn or live < WEIGHT_LEFT_FROM_ROWS:
+        rounded up to a multiple of `CPU_ROW_MULTIPLE` (finished rows kept, fed padding) when it
+        multiplies as columns through the BLAS."""
+        if self.layout != "columns" or live < WEIGHT_LEFT_FROM_ROWS:
             return live
         return min(batch, -(-live // CPU_ROW_MULTIPLE) * CPU_ROW_MULTIPLE)
 
@@ -136,7 +149,7 @@ class FastDecoder:
     def _linear(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The projection of x (in, B) as (out, B): `weight @ x`, the weight as the product's tall
         operand; on a CPU below `WEIGHT_LEFT_FROM_ROWS` rows, `F.linear` on the rows instead."""
-        if self.weight_left or x.shape[1] >= WEIGHT_LEFT_FROM_ROWS:
+        if x.shape[1] >= WEIGHT_LEFT_FROM_ROWS:
             out = torch.mm(weight, x)
             return out if bias is None else out.add_(bias[:, None])
         return F.linear(x.t().contiguous(), weight, bias).t()
@@ -146,13 +159,13 @@ class FastDecoder:
         """Logits (B, vocab) after appending `tokens` (B,) to every row.
 
         The hidden state is carried as (hidden, B), so that every projection can be `weight @ x`:
-        with a decoding batch of tens of rows, a CPU's matrix product runs 1.3-2.8x faster with
-        the weight matrix as its tall left operand than as `F.linear`'s transposed right one
-        (SmolLM2's shapes, 32 rows; the LM head 2x); with a few rows, slower (`_linear`). With oneDNN's
-        products, in rows instead (`_step_rows`)."""
+        with a decoding batch of tens of rows, a CPU's BLAS runs a matrix product 1.3-2.8x faster
+        with the weight matrix as its tall left operand than as `F.linear`'s transposed right one
+        (SmolLM2's shapes, 32 rows; the LM head 2x); with a few rows, slower (`_linear`). In the
+        other layouts, as rows instead (`_step_rows`)."""
         if self.meter is not None:
             self.meter.cached = self.cache.columns  # every row attends to one more, padding included
-        if self.onednn:
+        if self.layout != "columns":
             return self._step_rows(tokens)
         batch = tokens.shape[0]
         h = self.model.model.embed_tokens(tokens[:, None])[:, 0].t().contiguous()  # (hidden, B)
@@ -182,31 +195,31 @@ class FastDecoder:
         return self._head(self.head_weight, h, head.bias)
 
     def _step_rows(self, tokens: torch.Tensor) -> torch.Tensor:
-        """`step` with oneDNN's products (`LayerWeights.pack`), the hidden state carried as rows
-        (B, hidden), as those products take and give it: nothing is transposed, each norm is one
-        kernel (`F.rms_norm`) and the rotary pass three (`_rotary`). Against (hidden, B): a step of the
-        3.5M model at 64 rows 3.27 ms against 3.56, base's 48.8 against 50.0, SmolLM2's at 32 rows
-        39.0 against 41.4 (medians, `benchmarks/decode_step_ab.py`, 2026-11-27)."""
+        """`step` with the hidden state carried as rows (B, hidden), as `F.linear` and oneDNN's
+        products (`LayerWeights.pack`) take and give it: nothing is transposed, each norm is one
+        operator (`F.rms_norm`) and the rotary pass three (`_rotary`). With oneDNN's products,
+        against (hidden, B): a step of the 3.5M model at 64 rows 3.27 ms against 3.56, base's 48.8
+        against 50.0, SmolLM2's at 32 rows 39.0 against 41.4 (medians,
+        `benchmarks/decode_step_ab.py`, 2026-11-27)."""
         batch, inner = tokens.shape[0], self.model.model
         h = inner.embed_tokens(tokens[:, None])[:, 0]  # (B, hidden)
         width = h.shape[-1:]
+        project = product if self.layout == "packed" else F.linear
         cos, sin = self.cos[self.next_position][:, None], self.signed_sin[self.next_position][:, None]
         for i, w in enumerate(self.weights):
-            rows = product(F.rms_norm(h, width, w.input_norm, w.eps), w.qkv, w.qkv_bias)
-            q, k, v = self._split_qkv(rows, cos, sin)
+            q, k, v = self._split_qkv(w.qkv_rows(project, F.rms_norm(h, width, w.input_norm, w.eps)), cos, sin)
             self.cache.append(i, k, v)
             out = self.cache.attention(q, i, w.scale).reshape(batch, -1)
-            h = h + product(out, w.o, w.o_bias)
-            rows = product(F.rms_norm(h, width, w.post_norm, w.eps), w.gate_up)  # gate, then up
-            inter = rows.shape[1] // 2
-            h = h + product(F.silu(rows[:, :inter]).mul_(rows[:, inter:]), w.down)
+            h = h + project(out, w.o, w.o_bias)
+            gate, up = w.gate_up_rows(project, F.rms_norm(h, width, w.post_norm, w.eps))
+            h = h + project(F.silu(gate).mul_(up), w.down)
         self.cache.columns += 1
         self.next_position = self.next_position + 1
         h = F.rms_norm(h, width, *self.final_norm)
         head = self.model.lm_head
         if self.meter is not None:
             self.meter.on_head(head, (h,), None)
-        return product(h, self.head_weight, head.bias).float()  # (bfloat16's logits in float32, as `_head`)
+        return project(h, self.head_weight, head.bias).float()  # (bfloat16's logits in float32, as `_head`)
 
     def _split_qkv(self, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q (B, kv_heads, group, head_dim), k and v (B, kv_heads, 1, head_dim) from the joined q/k/v
@@ -230,7 +243,7 @@ class FastDecoder:
     def _head(self, weight: torch.Tensor, h: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The logits (B, vocab) in float32, contiguous, from h (hidden, B): on a CPU from
         `WEIGHT_LEFT_FROM_ROWS` rows up, slice by slice of the vocabulary (`HEAD_SLICE_ROWS`)."""
-        if self.weight_left or bias is not None or h.shape[1] < WEIGHT_LEFT_FROM_ROWS:
+        if bias is not None or h.shape[1] < WEIGHT_LEFT_FROM_ROWS:
             return self._linear(weight, h, bias).t().float().contiguous()
         logits = h.new_empty(h.shape[1], weight.shape[0], dtype=torch.float32)
         for start in range(0, weight.shape[0], HEAD_SLICE_ROWS):
@@ -252,6 +265,22 @@ class LayerWeights:
         self.scale = attn.scaling
         self.gate, self.up, self.down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
         self.qkv = self.qkv_bias = self.gate_up = None  # joined by `pack`
+
+    def qkv_rows(self, project, x: torch.Tensor) -> torch.Tensor:
+        """The q, k and v projections of rows x (B, hidden), side by side: (B, (heads + 2 kv_heads) x
+        head_dim), as one product where `pack` joined them."""
+        if self.qkv is not None:
+            return project(x, self.qkv, self.qkv_bias)
+        return torch.cat([project(x, self.q, self.q_bias), project(x, self.k, self.k_bias),
+                          project(x, self.v, self.v_bias)], -1)
+
+    def gate_up_rows(self, project, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLP's gate and up projections of rows x, as one product where `pack` joined them."""
+        if self.gate_up is None:
+            return project(x, self.gate), project(x, self.up)
+        rows = project(x, self.gate_up)
+        inter = rows.shape[1] // 2
+        return rows[:, :inter], rows[:, inter:]
 
     @torch.no_grad()
     def pack(self, rows: int) -> None:

@@ -70,22 +70,15 @@ def test_fast_decoding_step_matches_the_transformers_forward(tiny_model, cpu_pro
     torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [2, WEIGHT_LEFT_FROM_ROWS])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dtype, rows, monkeypatch, cpu_products):
+def _qwen2_steps_match_the_forward(dtype, rows: int, layout: str | None = None) -> None:
     """A Qwen2-shaped model (q/k/v biases, 2 key-value heads for 4 query heads, tied head) on
-    left-padded prompts: each lean step's logits are the forward's, in float32 and bfloat16, with
-    the BLAS's products as `F.linear` (few rows) and as `weight @ x` (many, the head in vocabulary
-    slices of 40, 40 and 17 rows), and with oneDNN's (float32 where chosen; bfloat16 wherever oneDNN
-    takes it, whatever the choice)."""
+    left-padded prompts: each lean step's logits are the forward's (in bfloat16 within its
+    rounding); `layout` (else the device's own) is the step's (`fast_decode.step_layout`)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from hflow.engine.padding import positions
-    from hflow.engine.rollout import fast_decode
     from hflow.engine.rollout.fast_decode import FastDecoder, supports
     from hflow.engine.rollout.generation import ForwardDecoder
-
-    monkeypatch.setattr(fast_decode, "HEAD_SLICE_ROWS", 40)
 
     config = Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
@@ -102,11 +95,53 @@ def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dty
         for kind in (FastDecoder, ForwardDecoder):
             cache = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True).past_key_values
             decoders.append(FastDecoder(model, cache, mask, 4) if kind is FastDecoder else ForwardDecoder(model, cache, mask))
+        if layout is not None:
+            assert decoders[0].layout == layout
         tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0.05, "atol": 0.05}
         for tokens in ([9, 10], [11, 12], [13, 14]):
             fast, slow = (d.step(torch.tensor(tokens * (rows // 2))) for d in decoders)
             assert fast.shape == slow.shape == (rows, 97) and fast.is_contiguous()
             torch.testing.assert_close(fast, slow, **tolerance)
+
+
+@pytest.mark.parametrize("rows", [2, WEIGHT_LEFT_FROM_ROWS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dtype, rows, monkeypatch, cpu_products):
+    """A Qwen2-shaped model's lean steps give the forward's logits, in float32 and bfloat16, with
+    the BLAS's products as `F.linear` (few rows) and as `weight @ x` (many, the head in vocabulary
+    slices of 40, 40 and 17 rows), and with oneDNN's (float32 where chosen; bfloat16 wherever oneDNN
+    takes it, whatever the choice)."""
+    from hflow.engine.rollout import fast_decode
+
+    monkeypatch.setattr(fast_decode, "HEAD_SLICE_ROWS", 40)
+    _qwen2_steps_match_the_forward(dtype, rows)
+
+
+@pytest.mark.parametrize("rows", [2, WEIGHT_LEFT_FROM_ROWS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gpu_s_layout_decodes_as_the_forward_on_the_model_s_own_weights(dtype, rows, monkeypatch):
+    """The layout a GPU decodes in ("rows": `F.linear` on the model's own weights, q/k/v and
+    gate/up as separate products), run here on the CPU: the forward's logits, and the step reads
+    the model's parameters themselves (no joined or reordered copy)."""
+    from hflow.engine.rollout import fast_decode
+
+    made = []
+    monkeypatch.setattr(fast_decode, "step_layout", lambda weight: "rows")
+    monkeypatch.setattr(fast_decode, "packed", lambda *a: made.append(a) or pytest.fail("weights reordered"))
+    _qwen2_steps_match_the_forward(dtype, rows, layout="rows")
+    assert not made
+
+
+def test_each_device_decodes_in_its_layout(monkeypatch):
+    """A weight off the CPU (a GPU's; here a meta tensor) decodes as rows on its own weights; a CPU
+    weight packed where oneDNN decodes it (`cpu_products.decodes_packed`), else as columns through
+    the BLAS."""
+    from hflow.engine.rollout import fast_decode
+
+    assert fast_decode.step_layout(torch.empty(2, 2, device="meta")) == "rows"
+    for packs, layout in ((True, "packed"), (False, "columns")):
+        monkeypatch.setattr(fast_decode, "decodes_packed", lambda weight, packs=packs: packs)
+        assert fast_decode.step_layout(torch.empty(2, 2)) == layout
 
 
 def test_inverse_cdf_sampling_follows_the_distribution():
@@ -259,7 +294,7 @@ def test_bfloat16_decodes_on_reordered_weights_where_onednn_takes_bfloat16(tiny_
         caches = [model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
                         use_cache=True).past_key_values for _ in range(2)]
         fast, slow = FastDecoder(model, caches[0], mask, 3), ForwardDecoder(model, caches[1], mask)
-        assert fast.onednn == reordered
+        assert fast.layout == ("packed" if reordered else "columns")
         for token in (9, 10, 11):
             got, want = fast.step(torch.full((16,), token)), slow.step(torch.full((16,), token))
             assert got.dtype == torch.float32 and got.is_contiguous()
