@@ -41,6 +41,16 @@ def lr_lambda(cfg: OptimSpec, total_steps: int):
     return factor
 
 
+def clips_itself(zero_stage: int, bf16: bool) -> bool:
+    """Whether the engine clips the gradients itself: without ZeRO in float32. There DeepSpeed clips
+    after a norm parameter by parameter, an all-reduce of it and a multiply of every gradient even
+    when nothing is clipped, and reports no norm; the engine measures the norm once (one fused
+    kernel), which it reports, and multiplies only when it clips: SmolLM2-135M's optimizer step took
+    75-80 ms against 97-118 (`benchmarks/clip_step.py`, docs/benchmarks.md). Every other
+    DeepSpeed optimizer (ZeRO's, and bf16's wrappers without ZeRO) clips after a norm it reports."""
+    return zero_stage == 0 and not bf16
+
+
 def deepspeed_config(zero_stage: int, grad_clip: float, micro_batch_size: int, micro_steps: int,
                      bf16: bool) -> dict:
     """DeepSpeed's configuration for a trained role.
@@ -62,7 +72,7 @@ def deepspeed_config(zero_stage: int, grad_clip: float, micro_batch_size: int, m
     config = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": micro_steps,
-        "gradient_clipping": grad_clip,
+        "gradient_clipping": 0.0 if clips_itself(zero_stage, bf16) else grad_clip,
         "zero_optimization": {"stage": zero_stage},
         "bf16": {"enabled": bf16, "immediate_grad_update": True},  # read by BF16_Optimizer alone
         "steps_per_print": 10**9,
@@ -118,6 +128,7 @@ class TrainEngine:
         import_muon_uncompiled()
 
         self.cfg = cfg
+        self.clips = clips_itself(cfg.zero_stage, bf16)
         # fused: one kernel over all the parameters (torch's CPU and CUDA AdamW alike); on the CPU
         # torch's default steps parameter by parameter, measured 4.3x slower on SmolLM2-135M.
         optimizer = torch.optim.AdamW(
@@ -166,11 +177,7 @@ class TrainEngine:
     def step(self) -> float | None:
         """Advance one micro-batch; at the accumulation boundary, update and return the grad norm."""
         boundary = self.engine.is_gradient_accumulation_boundary()
-        norm = None
-        if boundary and self.cfg.zero_stage == 0:
-            # Without ZeRO, DeepSpeed clips but does not report the norm: measure it first.
-            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads)
+        norm = self._clip() if boundary and self.clips else None
         self.engine.step()
         if not boundary:
             return None
@@ -178,6 +185,16 @@ class TrainEngine:
         if norm is None:
             norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
+
+    def _clip(self) -> torch.Tensor:
+        """The gradients' global norm, and the gradients scaled by grad_clip / (norm + 1e-6) where
+        that is below 1, as DeepSpeed would (`clips_itself`). Every rank holds the all-reduced
+        gradients at the boundary: the norm is the same on each."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if float(norm) + 1e-6 > self.cfg.grad_clip:  # else the factor is 1: no multiply
+            torch.nn.utils.clip_grads_with_norm_(params, self.cfg.grad_clip, norm)
+        return norm
 
     @property
     def lr(self) -> float:

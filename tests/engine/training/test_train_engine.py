@@ -222,6 +222,34 @@ def test_the_fused_optimizer_and_the_one_rank_shortcut_update_as_torchs_adamw(ti
                           {n: p.detach() for n, p in reference.named_parameters()}, lr=1e-2, close=1e-5)
 
 
+@pytest.mark.parametrize("grad_clip", [1e-3, 1e9])
+def test_without_zero_the_engine_clips_as_deepspeed_would_and_reports_the_norm(tiny_model, monkeypatch, grad_clip):
+    """ZeRO-0 in float32: the engine clips the gradients itself (`clips_itself`) and DeepSpeed does
+    not. Two updates land where DeepSpeed's own clipping lands, clipped (1e-3) or not (1e9), and
+    the norm the engine reports is the gradients' own, before clipping."""
+    from hflow.engine.training import train_engine
+
+    ensure_process_group(torch.device("cpu"))
+    cfg = ActorConfig(lr=1e-2, zero_stage=0, grad_clip=grad_clip)
+    ours = _engine(tiny_model, cfg)
+    assert ours.engine.gradient_clipping() == 0.0
+    monkeypatch.setattr(train_engine, "clips_itself", lambda zero_stage, bf16: False)
+    deepspeeds = _engine(tiny_model, cfg)
+    assert deepspeeds.engine.gradient_clipping() == grad_clip
+    for seed in range(2):
+        ids = torch.randint(3, 50, (4, 12), generator=torch.Generator().manual_seed(seed))
+        out = deepspeeds.forward(input_ids=ids, labels=ids)
+        deepspeeds.backward(out.loss)
+        want = float(torch.nn.utils.get_total_norm([p.grad for p in deepspeeds.module.parameters()]))
+        deepspeeds.step()
+        assert _update(ours, ids) == pytest.approx(want, rel=1e-5)
+        assert (want > grad_clip) == (grad_clip == 1e-3)
+        # Adam's step hardly depends on the gradients' scale; its moments hold the clipped gradients.
+        got, expected = _states(ours), _states(deepspeeds)
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-5 if key[1] == "param" else 1e-9)
+
+
 def test_a_zero_engine_starts_without_loading_torch_compiler(tiny_model):
     """DeepSpeed's ZeRO optimizer check would import its Muon optimizer, and with it torch's
     compiler (`torch._inductor.compile_fx` and what it loads: seconds of every training process's
