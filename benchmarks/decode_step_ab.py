@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=56)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM
@@ -58,7 +59,7 @@ def main() -> None:
     from hflow.engine import cpu_products
     from hflow.engine.padding import positions
 
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=getattr(torch, a.dtype)).eval()
     cpu_products.route_linears(model)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -84,7 +85,7 @@ def main() -> None:
             for step in tokens:
                 last[name] = decode.step(step)
             times[name].append((time.perf_counter() - start) * 1e3 / a.steps)
-    print(f"{a.model}: {a.rows} rows ({a.repeat} per prompt), {a.steps} steps after {a.prompt} prompt tokens, "
+    print(f"{a.model} ({a.dtype}): {a.rows} rows ({a.repeat} per prompt), {a.steps} steps after {a.prompt} prompt tokens, "
           f"{a.rounds} rounds")
     for name, ms in times.items():
         print(f"{name:7s} ms/step median {statistics.median(ms):.3f}  all {', '.join(f'{t:.2f}' for t in sorted(ms))}")

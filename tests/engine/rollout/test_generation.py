@@ -132,6 +132,29 @@ def test_the_gpu_s_layout_decodes_as_the_forward_on_the_model_s_own_weights(dtyp
     assert not made
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_rows_step_rounds_its_norms_and_rotary_pass_where_transformers_rounds(dtype):
+    """In 16-bit floats the rows step (a GPU's, and oneDNN's on a CPU) samples what the trainer then
+    scores through transformers' modules: its RMSNorm and rotary pass give their results to the bit."""
+    from types import SimpleNamespace
+
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, rotate_half
+
+    from hflow.engine.rollout.fast_decode import FastDecoder, _rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    h = (torch.randn(32, 576, generator=g) * 3).to(dtype)
+    norm = LlamaRMSNorm(576, eps=1e-5).to(dtype)
+    norm.weight.data = torch.randn(576, generator=g).to(dtype)
+    assert torch.equal(_rms_norm(h, norm.weight, 1e-5), norm(h))
+    x = torch.randn(32, 12, 64, generator=g).to(dtype)
+    angle = torch.rand(32, 1, 64, generator=g) * 6
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    signed_sin = torch.cat((-sin[..., :32], sin[..., 32:]), -1)  # as the step builds it
+    rotated = FastDecoder._rotary(SimpleNamespace(head_dim=64), x, cos, signed_sin)
+    assert torch.equal(rotated, x * cos + rotate_half(x) * sin)
+
+
 def test_each_device_decodes_in_its_layout(monkeypatch):
     """A weight off the CPU (a GPU's; here a meta tensor) decodes as rows on its own weights; a CPU
     weight packed where oneDNN decodes it (`cpu_products.decodes_packed`), else as columns through
