@@ -397,6 +397,20 @@ def case_profile_generate(cwd):
     return profiled(cwd, "generate")
 
 
+def case_decode_layouts(cwd: Path) -> dict:
+    """The decoding step on the GPU as rows (its layout since 2026-11-28: 607 operators a SmolLM2
+    step) against as columns (1,096, the layout it had; here as a CPU's BLAS path runs it), bf16,
+    32 rows, rounds alternating (`benchmarks/decode_step_ab.py --layouts`)."""
+    model = shaped_model("smollm2-135m", cwd.parent / SHAPED["smollm2-135m"])
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_step_ab.py"), "--layouts", "columns,rows",
+                           "--model", str(model), "--device", "cuda", "--dtype", "bfloat16", "--rows", "32",
+                           "--prompt", "40", "--steps", "48", "--rounds", "6"],
+                          cwd=cwd, capture_output=True, text=True, timeout=240)
+    lines = finished(done, cwd).splitlines()
+    medians = {line.split()[0]: float(line.split()[3]) for line in lines if "ms/step median" in line}
+    return {"lines": lines[-3:], "ms_per_step": medians, "ok": set(medians) == {"columns", "rows"}}
+
+
 def case_step_135m_one_micro(cwd):
     """The whole step's 128 rows as one mini- and one micro-batch: fewer, larger kernels."""
     return bench(cwd, "step", actor__mini_batch_size=128, actor__micro_batch_size=128)
@@ -416,8 +430,8 @@ PARTS = {
                case_checkpoint_host_memory, case_prefill_logits, case_switch_budget, case_logprob_mismatch],
     "train": [case_learns, case_smollm2_z0, case_smollm2_z2, case_qwen05_z0, case_qwen05_z2],
     "bench": [case_bench_rollout, case_bench_step, case_bench_switch, case_vs_trl],
-    "account": [case_profile_update, case_profile_score, case_profile_generate, case_step_05b, case_vs_trl_05b,
-                case_step_135m_one_micro],
+    "account": [case_profile_update, case_profile_score, case_profile_generate, case_decode_layouts, case_step_05b,
+                case_vs_trl_05b, case_step_135m_one_micro],
 }
 
 
