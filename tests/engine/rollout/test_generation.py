@@ -56,9 +56,15 @@ def test_filter_logits_top_k_and_top_p():
     assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
 
 
-def test_fast_decoding_step_matches_the_transformers_forward(tiny_model, cpu_products):
+@pytest.mark.parametrize("gpu_layout", [False, True])
+def test_fast_decoding_step_matches_the_transformers_forward(tiny_model, cpu_products, gpu_layout, monkeypatch):
     """The lean decoding path against transformers' forward: same samples, same log-probs, with
-    the BLAS's products and with oneDNN's."""
+    the BLAS's products and with oneDNN's, and in the layout a GPU decodes in (rows leaving the
+    batch as they finish)."""
+    from hflow.engine.rollout import fast_decode
+
+    if gpu_layout:
+        monkeypatch.setattr(fast_decode, "step_layout", lambda weight: "rows")
     tok, model, engine = _engine(tiny_model, batch_size=8)
     slow = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, 8, fast=False)
     assert engine.fast and not slow.fast
