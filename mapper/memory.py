@@ -79,12 +79,14 @@ def layer_activation_elems(shape: ModelShape, tp: int) -> float:
 
 
 def train_activations(shape: ModelShape, lm_head: bool, micro_seqs: int, seq_len: int, tp: int,
-                      checkpointing: bool, dtype_bytes: int) -> float:
+                      checkpointing: bool, dtype_bytes: int, scored_len: float | None = None) -> float:
     """Activations of one training micro-batch on the busiest pipeline stage.
 
     With 1F1B the first stage holds pp micro-batches of layers/pp layers each: the whole model's
     worth of one micro-batch, whatever pp is (Korthikanti et al., Section 4.2.3).
-    Checkpointing keeps each layer's input and recomputes one layer at a time.
+    Checkpointing keeps each layer's input and recomputes one layer at a time. The logits are
+    those of `scored_len` positions a sequence (default: all `seq_len`; hflow's own scoring runs
+    the LM head on the response's positions only).
     """
     tokens = micro_seqs * seq_len
     full_layer = layer_activation_elems(shape, tp) * tokens * dtype_bytes
@@ -92,14 +94,21 @@ def train_activations(shape: ModelShape, lm_head: bool, micro_seqs: int, seq_len
         kept = shape.layers * shape.hidden * tokens * dtype_bytes + full_layer
     else:
         kept = shape.layers * full_layer
-    return kept + _logits(shape, lm_head, tokens, tp) * 2  # logits and their gradient
+    return kept + _logits(shape, lm_head, _scored(micro_seqs, seq_len, scored_len), tp) * 2  # and their gradient
 
 
 def inference_activations(shape: ModelShape, lm_head: bool, micro_seqs: int, seq_len: int, tp: int,
-                          dtype_bytes: int) -> float:
-    """A forward pass without gradients keeps one layer's activations at a time, plus the logits."""
+                          dtype_bytes: int, scored_len: float | None = None) -> float:
+    """A forward pass without gradients keeps one layer's activations at a time, plus the logits
+    (of `scored_len` positions a sequence: `train_activations`)."""
     tokens = micro_seqs * seq_len
-    return layer_activation_elems(shape, tp) * tokens * dtype_bytes + _logits(shape, lm_head, tokens, tp)
+    return (layer_activation_elems(shape, tp) * tokens * dtype_bytes
+            + _logits(shape, lm_head, _scored(micro_seqs, seq_len, scored_len), tp))
+
+
+def _scored(micro_seqs: int, seq_len: int, scored_len: float | None) -> float:
+    """Positions whose logits a micro-batch computes."""
+    return micro_seqs * (seq_len if scored_len is None else min(scored_len, seq_len))
 
 
 def _logits(shape: ModelShape, lm_head: bool, tokens: int, tp: int) -> float:

@@ -75,6 +75,18 @@ def test_training_activations_with_checkpointing():
     assert without == 32 * one_layer + logits
 
 
+def test_only_the_scored_positions_logits_count():
+    """The LM head run on a response's 512 positions of 2,048: the logits of those alone, in
+    training (with their gradient) and in a scoring forward; never more positions than the sequence."""
+    tokens = 2048
+    one_layer = (4 * 4096 + 2 * 4096 + 2 * 4096 + 3 * 11008) * tokens * 2
+    got = memory.train_activations(LLAMA7, True, 1, 2048, 1, checkpointing=False, dtype_bytes=2, scored_len=512)
+    assert got == 32 * one_layer + 512 * 32000 * 4 * 2
+    assert memory.inference_activations(LLAMA7, True, 1, 2048, 1, 2, scored_len=512) == one_layer + 512 * 32000 * 4
+    assert memory.inference_activations(LLAMA7, True, 1, 2048, 1, 2, scored_len=4096) == \
+        memory.inference_activations(LLAMA7, True, 1, 2048, 1, 2)
+
+
 def _cand(name, seconds, resident, transient):
     return Candidate(name, 8, {}, (0.0, seconds, 0.0), (resident,) * 3, (0.0, transient, 0.0))
 

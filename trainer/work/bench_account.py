@@ -4,7 +4,8 @@ it computed, the least time this machine allows for it, and the share of that li
 From each step's `work/<phase>/*` keys (`account.py`) and `timing/<phase>`, medians over the
 steps, and two peaks measured here, on the run's device in the run's dtype:
   - the matrix-product rate (FLOP/s) at the phase's own shape, (tokens, hidden) x (hidden, ffn):
-    a decode batch's rows for generation, a micro-batch's tokens for scoring and the update
+    a decode batch's rows for generation, a micro-batch's tokens for scoring and the update (a
+    prompt's tokens once for its group, as the needed work counts them)
     (thin products run well below the large-matrix rate, which is reported too); on a CPU the
     faster of torch's BLAS and oneDNN (`engine/cpu_products.py`), whichever the run used;
   - the memory bandwidth (bytes/s) of a large tensor copy;
@@ -118,6 +119,12 @@ def row_tokens(events: list[dict], recipe: Recipe) -> float:
     return statistics.median(tokens) / recipe.sequences_per_step if tokens else 1.0
 
 
+def distinct_row_tokens(tokens_per_row: float, response: float | None, n: int) -> float:
+    """The tokens a row needs of its own when the n rows of a prompt's group hold the prompt once
+    (as the needed FLOPs count it): its response and an n-th of the prompt."""
+    return tokens_per_row if response is None else response + (tokens_per_row - response) / n
+
+
 def phase_rows(phase: str, label: str, recipe: Recipe, tokens_per_row: float) -> int:
     """The rows of the phase's typical matrix product: a decode batch, or a micro-batch's tokens."""
     if phase == "generate":
@@ -126,10 +133,11 @@ def phase_rows(phase: str, label: str, recipe: Recipe, tokens_per_row: float) ->
 
 
 def minimum_memory(phase: str, label: str, shape: ModelShape, recipe: Recipe, tokens_per_row: float,
-                   nbytes: int) -> tuple[float, float]:
+                   nbytes: int, scored_per_row: float | None = None) -> tuple[float, float]:
     """(resident, transient) bytes the phase needs at least: the model's weights (and, when it
-    trains, its gradients and AdamW state), and one micro-batch's activations or the decode batch's
-    KV cache."""
+    trains, its gradients and AdamW state), and one micro-batch's activations (the LM head's logits
+    at the `scored_per_row` positions a row it scores, the response's: the run's mean) or the decode
+    batch's KV cache."""
     lm_head = label in ("actor", "reference")
     seq = max(1, round(tokens_per_row))
     if label in ("actor", "critic", "cost_critic"):
@@ -142,8 +150,8 @@ def minimum_memory(phase: str, label: str, shape: ModelShape, recipe: Recipe, to
                                          nbytes)
     if phase in TRAINED:
         return resident, memory.train_activations(shape, lm_head, micro, seq, 1, recipe.model.gradient_checkpointing,
-                                                  nbytes)
-    return resident, memory.inference_activations(shape, lm_head, micro, seq, 1, nbytes)
+                                                  nbytes, scored_per_row)
+    return resident, memory.inference_activations(shape, lm_head, micro, seq, 1, nbytes, scored_per_row)
 
 
 def best_peaks(products: list[tuple[int, int, int]], device: torch.device, dtype: torch.dtype,
@@ -164,7 +172,9 @@ def account(events: list[dict], recipe: Recipe) -> dict:
     device = pick_device(recipe.trainer.device)
     dtype = resolve_dtype(recipe.model.dtype, device)
     nbytes = torch.finfo(dtype).bits // 8
-    shapes, per_row = role_shapes(recipe), row_tokens(events, recipe)
+    response = _median(events, "response_length/mean")
+    shapes = role_shapes(recipe)
+    per_row = distinct_row_tokens(row_tokens(events, recipe), response, recipe.rollout.n)
     counted = {}  # phase -> (its model's label, its typical product)
     for phase in PHASES:
         if _median(events, f"work/{phase}/needed_flops") is not None:
@@ -177,7 +187,7 @@ def account(events: list[dict], recipe: Recipe) -> dict:
              "dtype": str(dtype).removeprefix("torch.")}
     phases, resident = {}, {}
     for phase, (label, typical) in counted.items():
-        held, transient = minimum_memory(phase, label, shapes[label], recipe, per_row, nbytes)
+        held, transient = minimum_memory(phase, label, shapes[label], recipe, per_row, nbytes, response)
         resident[label] = max(resident.get(label, 0.0), held)
         phases[phase] = phase_line(events, phase, rates[typical], bandwidth,
                                    {"matmul_shape": list(typical), "min_memory_bytes": held + transient,

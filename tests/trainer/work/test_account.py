@@ -82,3 +82,32 @@ def test_the_peaks_are_the_best_of_passes_taken_apart(monkeypatch):
                                                 torch.float32)
     assert rates == {(1024, 1024, 1024): 450.0, (32, 576, 1536): 330.0} and bandwidth == 77.0
     assert bench_account.RATE_PASSES == 3 and calls == [(1024, 1024, 1024), (32, 576, 1536), "copy"] * 3
+
+
+def test_the_minimum_memory_counts_the_logits_of_the_scored_positions_only(tmp_path, tiny_model):
+    """hflow runs the LM head on the response's positions only: the update's and the scoring pass's
+    least memory count those positions' logits (float32, and in the update their gradient), not the
+    prompt's. A run whose peak sat below the old minimum (SmolLM2, micro-batches of 32 rows: 4,544
+    MiB measured, 4,886 "needed") showed the account counting logits it never computes."""
+    from hflow.mapper.models import shape_from_config
+    from hflow.trainer.config.load import load_recipe
+    from hflow.trainer.work.bench_account import minimum_memory
+
+    recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", tiny_model)), [])[0]
+    shape = shape_from_config(tiny_model / "config.json")
+    micro = recipe.actor.micro_batch_size
+    for phase, gradient in (("update_actor", 2), ("old_log_prob", 1)):
+        whole = minimum_memory(phase, "actor", shape, recipe, 30.0, 4)
+        scored = minimum_memory(phase, "actor", shape, recipe, 30.0, 4, scored_per_row=12.0)
+        assert whole[0] == scored[0]  # weights and optimizer state
+        assert whole[1] - scored[1] == micro * (30 - 12) * shape.vocab * 4 * gradient
+
+
+def test_a_prompt_counts_once_for_its_group_in_the_least_memory():
+    """Rows of 30 tokens, 12 of them the response, in groups of 4 sharing an 18-token prompt: each
+    needs 12 + 18 / 4 tokens of its own; without a response length, the whole row."""
+    from hflow.trainer.work.bench_account import distinct_row_tokens
+
+    assert distinct_row_tokens(30.0, 12.0, 4) == 16.5
+    assert distinct_row_tokens(30.0, 12.0, 1) == 30.0
+    assert distinct_row_tokens(30.0, None, 4) == 30.0
