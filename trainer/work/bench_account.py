@@ -4,8 +4,7 @@ it computed, the least time this machine allows for it, and the share of that li
 From each step's `work/<phase>/*` keys (`account.py`) and `timing/<phase>`, medians over the
 steps, and two peaks measured here, on the run's device in the run's dtype:
   - the matrix-product rate (FLOP/s) at the phase's own shape, (tokens, hidden) x (hidden, ffn):
-    a decode batch's rows for generation, a micro-batch's tokens for scoring and the update (a
-    prompt's tokens once for its group, as the needed work counts them)
+    a decode batch's rows for generation, a micro-batch's tokens for scoring and the update
     (thin products run well below the large-matrix rate, which is reported too); on a CPU the
     faster of torch's BLAS and oneDNN (`engine/cpu_products.py`), whichever the run used;
   - the memory bandwidth (bytes/s) of a large tensor copy;
@@ -173,8 +172,11 @@ def account(events: list[dict], recipe: Recipe) -> dict:
     dtype = resolve_dtype(recipe.model.dtype, device)
     nbytes = torch.finfo(dtype).bits // 8
     response = _median(events, "response_length/mean")
-    shapes = role_shapes(recipe)
-    per_row = distinct_row_tokens(row_tokens(events, recipe), response, recipe.rollout.n)
+    shapes, per_row = role_shapes(recipe), row_tokens(events, recipe)
+    # The least memory counts a prompt once for its group; the typical product keeps every row's
+    # whole length, the larger shape (a packed pass may hold more rows than a micro-batch's count:
+    # its budget is micro_batch_size x the longest row), whose faster peak sets the stricter limit.
+    distinct = distinct_row_tokens(per_row, response, recipe.rollout.n)
     counted = {}  # phase -> (its model's label, its typical product)
     for phase in PHASES:
         if _median(events, f"work/{phase}/needed_flops") is not None:
@@ -187,7 +189,7 @@ def account(events: list[dict], recipe: Recipe) -> dict:
              "dtype": str(dtype).removeprefix("torch.")}
     phases, resident = {}, {}
     for phase, (label, typical) in counted.items():
-        held, transient = minimum_memory(phase, label, shapes[label], recipe, per_row, nbytes, response)
+        held, transient = minimum_memory(phase, label, shapes[label], recipe, distinct, nbytes, response)
         resident[label] = max(resident.get(label, 0.0), held)
         phases[phase] = phase_line(events, phase, rates[typical], bandwidth,
                                    {"matmul_shape": list(typical), "min_memory_bytes": held + transient,
