@@ -398,8 +398,8 @@ def case_profile_generate(cwd):
 
 
 def case_decode_layouts(cwd: Path) -> dict:
-    """The decoding step on the GPU as rows (its layout since 2026-11-28: 607 operators a SmolLM2
-    step) against as columns (1,096, the layout it had; here as a CPU's BLAS path runs it), bf16,
+    """The decoding step on the GPU as rows (its layout since 2026-11-28: 698 operators a bf16
+    SmolLM2 step) against as columns (1,096, the layout it had; here as a CPU's BLAS path runs it), bf16,
     32 rows, rounds alternating (`benchmarks/decode_step_ab.py --layouts`)."""
     model = shaped_model("smollm2-135m", cwd.parent / SHAPED["smollm2-135m"])
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_step_ab.py"), "--layouts", "columns,rows",
