@@ -197,7 +197,8 @@ class FastDecoder:
     def _step_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """`step` with the hidden state carried as rows (B, hidden), as `F.linear` and oneDNN's
         products (`LayerWeights.pack`) take and give it: nothing is transposed, each norm is one
-        operator (`F.rms_norm`) and the rotary pass three (`_rotary`). With oneDNN's products,
+        operator in float32 (`_rms_norm`; two in 16-bit floats) and the rotary pass three (`_rotary`;
+        four). With oneDNN's products,
         against (hidden, B): a step of the 3.5M model at 64 rows 3.27 ms against 3.56, base's 48.8
         against 50.0, SmolLM2's at 32 rows 39.0 against 41.4 (medians,
         `benchmarks/decode_step_ab.py`, 2026-11-27)."""

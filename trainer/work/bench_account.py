@@ -30,7 +30,8 @@ from hflow.engine.models.loading import resolve_dtype
 from hflow.mapper import memory
 from hflow.mapper.models import ModelShape
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.work.account import PHASES, decode_batch_rows, needed_labels, role_shapes
+from hflow.trainer.config.step_memory import rollout_decode_rows
+from hflow.trainer.work.account import PHASES, needed_labels, role_shapes
 
 TRAINED = {"update_actor": "actor", "update_critic": "critic"}
 LARGE = (1024, 1024, 1024)  # the large-matrix product whose rate is reported beside the phases'
@@ -127,7 +128,7 @@ def distinct_row_tokens(tokens_per_row: float, response: float | None, n: int) -
 def phase_rows(phase: str, label: str, recipe: Recipe, tokens_per_row: float) -> int:
     """The rows of the phase's typical matrix product: a decode batch, or a micro-batch's tokens."""
     if phase == "generate":
-        return min(decode_batch_rows(recipe), recipe.sequences_per_step)
+        return rollout_decode_rows(recipe)
     return int(micro_rows(phase, label, recipe) * tokens_per_row)
 
 
@@ -145,8 +146,7 @@ def minimum_memory(phase: str, label: str, shape: ModelShape, recipe: Recipe, to
         resident = memory.frozen_weights(shape.params(lm_head), nbytes, 1, 1)
     micro = micro_rows(phase, label, recipe)
     if phase == "generate":
-        return resident, memory.kv_cache(shape, min(decode_batch_rows(recipe), recipe.sequences_per_step), seq, 1,
-                                         nbytes)
+        return resident, memory.kv_cache(shape, rollout_decode_rows(recipe), seq, 1, nbytes)
     if phase in TRAINED:
         return resident, memory.train_activations(shape, lm_head, micro, seq, 1, recipe.model.gradient_checkpointing,
                                                   nbytes, scored_per_row)
