@@ -261,24 +261,26 @@ def accounts(model_dir: str, a: argparse.Namespace, steps: dict) -> dict:
     import torch
 
     from hflow.trainer.config.load import load_recipe
-    from hflow.trainer.work.bench_account import account
+    from hflow.trainer.work.bench_account import account, phase_limit
     from hflow.trainer.work.account import phase_needs, role_shapes
-    from hflow.trainer.work.needed import StepRows
+    from hflow.trainer.work.needed import StepRows, whole
 
     if a.threads:
         torch.set_num_threads(a.threads)
     cmd = hflow_command(model_dir, "unused", a)
     recipe = load_recipe("grpo/quickstart", [v for k, v in zip(cmd, cmd[1:]) if k == "--set"])[0]
     hflow = account(steps["hflow"]["events"], recipe)
-    shape, bandwidth = role_shapes(recipe)["actor"], hflow["peaks"]["bandwidth_bytes_per_s"]
+    shape, peaks = role_shapes(recipe)["actor"], hflow["peaks"]
     limits, flops = [], []
     for rows in steps["trl"]["rows"]:
         lengths = torch.tensor(rows)
         step_rows = StepRows(lengths[:, 0], lengths[:, 1], torch.arange(len(rows)) // a.n)
         needs = {phase: phase_needs(phase, "actor", shape, step_rows, recipe) for phase in TRL_PHASES[a.kl > 0]}
-        flops.append(sum(f for f, _ in needs.values()))
-        limits.append(sum(max(f / hflow["phases"][phase]["peak_flops_per_s"], b / bandwidth)
-                          for phase, (f, b) in needs.items()))
+        flops.append(sum(whole(parts)[0] for parts in needs.values()))
+        rates = {phase: hflow["phases"][phase]["peak_flops_per_s"] for phase in needs}
+        limits.append(sum(phase_limit(parts, rates[phase], max(rates[phase], peaks["matmul_1024_flops_per_s"]),
+                                      peaks["bandwidth_bytes_per_s"], peaks["cache_bytes"])[0]
+                          for phase, parts in needs.items()))
     hflow_step = statistics.median(steps["hflow"]["step_s"])
     trl_step, trl_limit = statistics.median(steps["trl"]["step_s"]), statistics.median(limits)
     return {"hflow": {**hflow, "wall": {"limit_s": hflow["step"]["limit_s"], "step_s": hflow_step,

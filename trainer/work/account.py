@@ -4,7 +4,10 @@ Per phase of the step that ran (its stage was timed, or its models counted work)
 gets `work/<phase>/needed_flops` and `work/<phase>/needed_bytes` (`needed.py`, from the
 step's rows) and `work/<phase>/computed_flops` (the engine's meter, `engine/work_meter.py`,
 summed over every group's ranks; absent where nothing was counted: the vllm engine runs outside
-the meter). Only counters: `hflow bench step` turns them into time limits and shares of them.
+the meter). Where the phase's work is parts that run one after another (`needed.Part`:
+generation's prefill and its decoding steps by live rows, an update's passes and AdamW), each
+part's `work/<phase>/part/<name>/{flops,bytes,passes}` too. Only counters: `hflow bench step`
+turns them into time limits and shares of them.
 
 Counted as it ran: ReMax's greedy rollout and DAPO's extra sampling rounds are generation work
 its rows do not need (their rollouts are not the step's batch), so they show as computed above
@@ -31,16 +34,18 @@ from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.config.step_memory import decoded_rows
 from hflow.trainer.work.needed import (
     BACKWARD,
+    Part,
     StepRows,
     computed_flops,
     forward_flops,
-    generation_bytes,
+    generation_parts,
     lora_params,
     reward_counts,
     scoring_counts,
     step_rows,
-    update_bytes,
+    update_parts,
     weights_bytes,
+    whole,
 )
 
 PHASES = ("generate", "old_log_prob", "reference", "values", "reward", "update_actor", "update_critic")
@@ -67,9 +72,10 @@ def work_metrics(groups, recipe: Recipe, view, timings: dict[str, float], step: 
         labels = [label for label in needed_labels(phase, recipe) if label in shapes]
         if not labels:  # a reward function: no model to account for
             continue
-        flops, nbytes = zip(*(phase_needs(phase, label, shapes[label], rows, recipe) for label in labels))
-        metrics[f"work/{phase}/needed_flops"] = sum(flops)
-        metrics[f"work/{phase}/needed_bytes"] = sum(nbytes)
+        parts = add_parts([phase_needs(phase, label, shapes[label], rows, recipe) for label in labels])
+        metrics[f"work/{phase}/needed_flops"], metrics[f"work/{phase}/needed_bytes"] = whole(parts)
+        if set(parts) != {"pass"}:
+            metrics.update(part_metrics(phase, parts))
         counted = {label: c for label, c in counts.get(phase, {}).items() if label in shapes}
         if counted:
             metrics[f"work/{phase}/computed_flops"] = sum(
@@ -162,18 +168,46 @@ def trained_params(recipe: Recipe, section: str, shape: ModelShape) -> int:
     return lora_params(shape, lora.rank, lora.target_modules) + (0 if lm_head else shape.hidden)
 
 
-def phase_needs(phase: str, label: str, shape: ModelShape, rows: StepRows, recipe: Recipe) -> tuple[float, float]:
-    """(FLOPs, bytes) that `phase` needs of the model `label` for the step's `rows`."""
+def phase_needs(phase: str, label: str, shape: ModelShape, rows: StepRows, recipe: Recipe) -> dict[str, Part]:
+    """The parts of the work (`needed.Part`) that `phase` needs of the model `label` for the step's
+    `rows`: generation's prefill and decoding steps, an update's passes and optimizer steps, else
+    one pass ("pass")."""
     lm_head, nbytes = label in LM_HEAD, dtype_bytes(recipe)
     if phase == "generate":
-        return (forward_flops(shape, True, scoring_counts(rows)),
-                generation_bytes(shape, rows, decode_batch_rows(recipe), nbytes))
+        return generation_parts(shape, rows, decode_batch_rows(recipe), nbytes)
     if phase == "reward":
-        return forward_flops(shape, False, reward_counts(rows)), weights_bytes(shape, False, nbytes)
+        return {"pass": Part(forward_flops(shape, False, reward_counts(rows)), weights_bytes(shape, False, nbytes))}
     if phase.startswith("update_"):
         section = "actor" if phase == "update_actor" else "critic"
         passes = (1 + BACKWARD) * getattr(recipe, section).epochs
-        steps = recipe.updates_per_step(section)
-        return (passes * forward_flops(shape, lm_head, scoring_counts(rows)),
-                update_bytes(shape, lm_head, nbytes, steps, trained_params(recipe, section, shape)))
-    return forward_flops(shape, lm_head, scoring_counts(rows)), weights_bytes(shape, lm_head, nbytes)
+        return update_parts(shape, lm_head, nbytes, recipe.updates_per_step(section),
+                            trained_params(recipe, section, shape),
+                            passes * forward_flops(shape, lm_head, scoring_counts(rows)))
+    return {"pass": Part(forward_flops(shape, lm_head, scoring_counts(rows)), weights_bytes(shape, lm_head, nbytes))}
+
+
+def add_parts(needs: list[dict[str, Part]]) -> dict[str, Part]:
+    """The parts of several models' work in one phase (a critic and a cost critic), by name, one
+    model's after the other's."""
+    total: dict[str, Part] = {}
+    for parts in needs:
+        for name, p in parts.items():
+            have = total.get(name, Part(0.0, 0.0, 0))
+            total[name] = Part(have.flops + p.flops, have.nbytes + p.nbytes, have.passes + p.passes)
+    return total
+
+
+def part_metrics(phase: str, parts: dict[str, Part]) -> dict[str, float]:
+    """`work/<phase>/part/<name>/{flops,bytes,passes}`: what `bench_account` sets its limit from."""
+    return {f"work/{phase}/part/{name}/{field}": float(value) for name, p in parts.items()
+            for field, value in (("flops", p.flops), ("bytes", p.nbytes), ("passes", p.passes))}
+
+
+def event_parts(event: dict, phase: str) -> dict[str, Part]:
+    """`part_metrics` read back from a step's event; a phase logged as one pass, its totals."""
+    prefix = f"work/{phase}/part/"
+    names = {key[len(prefix):].rsplit("/", 1)[0] for key in event if key.startswith(prefix)}
+    if not names:
+        return {"pass": Part(event[f"work/{phase}/needed_flops"], event.get(f"work/{phase}/needed_bytes", 0.0))}
+    return {name: Part(event[f"{prefix}{name}/flops"], event[f"{prefix}{name}/bytes"],
+                       int(event[f"{prefix}{name}/passes"])) for name in names}

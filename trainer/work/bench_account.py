@@ -9,7 +9,12 @@ steps, and two peaks measured here, on the run's device in the run's dtype:
     faster of torch's BLAS and oneDNN (`engine/cpu_products.py`), whichever the run used;
   - the memory bandwidth (bytes/s) of a large tensor copy;
 each the best of `RATE_PASSES` measurements taken apart.
-limit = max(needed FLOPs / FLOP/s, needed bytes / bandwidth) (the roofline, Williams et al. 2009);
+and the bytes the device can keep on chip between two passes over its data (`cache_bytes`).
+A part of the phase's work (`needed.Part`) can take no less than the larger of its FLOPs at that
+rate and the bytes it must read from memory (all but a cache's worth a pass) at that bandwidth (the
+roofline, Williams et al. 2009), and a phase's parts run one after another (a decoding step waits
+for the last one's token), so the phase's limit is its parts' limits added; the prefill's products
+are as wide as its prompts, so its rate is the faster of the phase's and the large product's.
 share = limit / measured time: 1 would be the machine's best at that shape, so 1 - share is what
 is lost to waste (computed above needed), overheads and kernels below peak. Beside it, the least
 memory the phase holds (weights, optimizer state, one micro-batch's activations, the KV cache:
@@ -19,8 +24,11 @@ which also holds Python, torch and the other roles). The step's line is the phas
 
 from __future__ import annotations
 
+import functools
+import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,7 +39,8 @@ from hflow.mapper import memory
 from hflow.mapper.models import ModelShape
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.config.step_memory import rollout_decode_rows
-from hflow.trainer.work.account import PHASES, needed_labels, role_shapes
+from hflow.trainer.work.account import PHASES, event_parts, needed_labels, role_shapes
+from hflow.trainer.work.needed import Part
 
 TRAINED = {"update_actor": "actor", "update_critic": "critic"}
 LARGE = (1024, 1024, 1024)  # the large-matrix product whose rate is reported beside the phases'
@@ -113,6 +122,53 @@ def _median(events: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def cache_bytes(device: torch.device, cpus=None, root: str = "/sys/devices/system/cpu") -> float:
+    """Bytes a device can hold on chip between two passes over its data: on a CPU every cache of
+    the cores this process may run on (`cpus`, default its affinity), each shared cache once
+    (Linux's sysfs under `root`; 0 where it is not there), on a GPU its L2 cache and each
+    multiprocessor's shared memory and registers."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        per_sm = getattr(props, "shared_memory_per_multiprocessor", 0) + 4 * getattr(props, "regs_per_multiprocessor", 0)
+        return float(props.L2_cache_size + props.multi_processor_count * per_sm)
+    if cpus is None:
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else []
+    caches = {}
+    for cpu in cpus:
+        for index in Path(root, f"cpu{cpu}", "cache").glob("index*"):
+            try:
+                level, kind, size, shared = (
+                    (index / name).read_text().strip() for name in ("level", "type", "size", "shared_cpu_list"))
+            except OSError:
+                continue
+            if kind != "Instruction":
+                caches[level, kind, shared] = _size(size)
+    return float(sum(caches.values()))
+
+
+def _size(text: str) -> int:
+    """sysfs's cache size ("48K", "32768K", "1M") in bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+
+
+def part_times(part: Part, rate: float, bandwidth: float, cache: float) -> tuple[float, float]:
+    """(compute, memory) seconds a part takes at least: its FLOPs at `rate`, and its bytes but a
+    cache's worth a pass at `bandwidth`."""
+    return part.flops / rate, max(0.0, part.nbytes - part.passes * cache) / bandwidth
+
+
+def phase_limit(parts: dict[str, Part], rate: float, prefill_rate: float, bandwidth: float,
+                cache: float) -> tuple[float, float]:
+    """(limit, memory-bound seconds of it): the parts' own limits added (the module docstring)."""
+    limit = memory_bound = 0.0
+    for name, part in parts.items():
+        compute, memory = part_times(part, prefill_rate if name == "prefill" else rate, bandwidth, cache)
+        limit += max(compute, memory)
+        memory_bound += memory if memory > compute else 0.0
+    return limit, memory_bound
+
+
 def row_tokens(events: list[dict], recipe: Recipe) -> float:
     """Mean real tokens per row (prompt + response) over the steps."""
     tokens = [e["throughput/tokens_per_s"] * e["timing/step"] for e in events if "throughput/tokens_per_s" in e]
@@ -185,33 +241,38 @@ def account(events: list[dict], recipe: Recipe) -> dict:
             counted[phase] = label, (phase_rows(phase, label, recipe, per_row), shape.hidden, shape.ffn)
     rates, bandwidth = best_peaks(list(dict.fromkeys([LARGE, *(shape for _, shape in counted.values())])),
                                   device, dtype)
+    cache = cache_bytes(device)
     peaks = {"matmul_1024_flops_per_s": rates[LARGE], "bandwidth_bytes_per_s": bandwidth,
-             "dtype": str(dtype).removeprefix("torch.")}
+             "cache_bytes": cache, "dtype": str(dtype).removeprefix("torch.")}
     phases, resident = {}, {}
     for phase, (label, typical) in counted.items():
         held, transient = minimum_memory(phase, label, shapes[label], recipe, distinct, nbytes, response)
         resident[label] = max(resident.get(label, 0.0), held)
-        phases[phase] = phase_line(events, phase, rates[typical], bandwidth,
+        limit = functools.partial(phase_limit, rate=rates[typical], prefill_rate=max(rates[typical], rates[LARGE]),
+                                  bandwidth=bandwidth, cache=cache)
+        phases[phase] = phase_line(events, phase, rates[typical], limit,
                                    {"matmul_shape": list(typical), "min_memory_bytes": held + transient,
                                     "transient_bytes": transient})
     step = step_line(phases, sum(resident.values()), max(e.get("memory/peak_bytes", 0.0) for e in events))
     return {"phases": phases, "step": step, "peaks": peaks}
 
 
-def phase_line(events: list[dict], phase: str, flops_per_s: float, bandwidth: float, extra: dict) -> dict:
-    """One phase's figures: medians over the steps of its needed and computed work and time."""
+def phase_line(events: list[dict], phase: str, flops_per_s: float, limit, extra: dict) -> dict:
+    """One phase's figures: medians over the steps of its needed and computed work, its limit
+    (`limit(parts)` -> (seconds, memory-bound seconds), each step's from its own parts) and time."""
     needed = _median(events, f"work/{phase}/needed_flops")
     nbytes = _median(events, f"work/{phase}/needed_bytes") or 0.0
     computed = _median(events, f"work/{phase}/computed_flops")
     measured = _median(events, f"timing/{phase}")
-    limit = max(needed / flops_per_s, nbytes / bandwidth)
+    limits = [limit(event_parts(e, phase)) for e in events if f"work/{phase}/needed_flops" in e]
+    seconds, memory_bound = statistics.median(t for t, _ in limits), statistics.median(m for _, m in limits)
     return {
         "needed_flops": needed, "needed_bytes": nbytes, "computed_flops": computed,
         "computed_over_needed": computed / needed if computed is not None and needed else None,
         "peak_flops_per_s": flops_per_s,
-        "bound": "compute" if needed / flops_per_s >= nbytes / bandwidth else "memory",
-        "limit_s": limit, "measured_s": measured,
-        "share_of_limit": limit / measured if measured else None, **extra,
+        "bound": "memory" if 2 * memory_bound > seconds else "compute", "memory_bound_s": memory_bound,
+        "limit_s": seconds, "measured_s": measured,
+        "share_of_limit": seconds / measured if measured else None, **extra,
     }
 
 
@@ -242,6 +303,7 @@ def table(acct: dict) -> list[str]:
                      f"{p['limit_s']:>10.4f}{measured:>12}{share:>8}{p['min_memory_bytes'] / 2**20:>10.1f}")
     peaks, step = acct["peaks"], acct["step"]
     lines.append(f"peaks ({peaks['dtype']}): matrix product {peaks['matmul_1024_flops_per_s'] / 1e9:.1f} GFLOP/s "
-                 f"at 1024^3, memory copy {peaks['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; measured peak memory "
+                 f"at 1024^3, memory copy {peaks['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
+                 f"{peaks['cache_bytes'] / 2**20:.0f} MiB of caches; measured peak memory "
                  f"{step['peak_memory_bytes'] / 2**20:.0f} MiB against {step['min_memory_bytes'] / 2**20:.1f} MiB needed")
     return lines

@@ -22,6 +22,12 @@ arXiv 2211.05102): every decoding step of each decode batch reads the weights, a
 its KV cache; the update's forward and backward read the weights once each per optimizer step,
 and AdamW in fp32 reads param, grad, exp_avg and exp_avg_sq and writes param, exp_avg and
 exp_avg_sq: 28 bytes per trained parameter per optimizer step.
+
+Parts: work that must wait for the work before it (`Part`). Generation's decoding steps wait each
+for the last one's token, and AdamW for the gradients, so a machine's least time for them is
+each part's own least time added up, not the whole phase's FLOPs and bytes set against each
+other: a step of 2 live rows reads the weights as a step of 32 does, with a sixteenth of the
+FLOPs to hide the reads behind.
 """
 
 from __future__ import annotations
@@ -141,26 +147,88 @@ def weights_bytes(shape: ModelShape, lm_head: bool, dtype_bytes: int) -> float:
     return float(shape.params(lm_head) * dtype_bytes)
 
 
+@dataclass(frozen=True)
+class Part:
+    """Work of a phase that cannot start before the part before it has ended (a decoding step
+    needs the last step's token; AdamW, the gradients): its FLOPs and bytes, and `passes`, how
+    many times one after another its bytes are read (a decoding step each). Between two passes a
+    device can keep at most its caches' worth of them (`bench_account.cache_bytes`), so each
+    pass reads the rest from memory again."""
+
+    flops: float
+    nbytes: float
+    passes: int = 1
+
+
+def whole(parts: dict[str, Part]) -> tuple[float, float]:
+    """(FLOPs, bytes) of all the parts."""
+    return sum(p.flops for p in parts.values()), sum(p.nbytes for p in parts.values())
+
+
+def generation_parts(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_bytes: int) -> dict[str, Part]:
+    """Generation's work as the parts that run one after another: "prefill" (each prompt once for
+    its group, the weights read once per decode batch of `batch_rows` consecutive rows), then the
+    decoding steps grouped by how many rows are still decoding, "decode_<k>" for k to 2k - 1 rows.
+    A decoding step reads the weights, a prompt's KV cache once for its group (its samples can read
+    it together, as the hf engine does with long prompts: `engine/rollout/decode_cache.py`) and
+    each live row's own tokens'; its FLOPs are its live rows' (a row of response r decodes r - 1
+    steps). The parts add up to `scoring_counts`' FLOPs and `generation_bytes`."""
+    weights = weights_bytes(shape, True, dtype_bytes)
+    prompts = rows.group_prompts()
+    batches = list(zip(*(t.split(max(1, batch_rows)) for t in
+                         ((rows.response_lengths - 1).clamp(min=0), rows.prompt_lengths, rows.groups))))
+    prefill = Counts(int(prompts.sum()), int(causal_sum(torch.zeros_like(prompts), prompts).sum()), len(prompts))
+    parts = {"prefill": Part(forward_flops(shape, True, prefill), len(batches) * weights, len(batches))}
+    flops, nbytes, passes = {}, {}, {}
+    for steps, prompt, groups in batches:
+        span = int(steps.max())
+        if span == 0:
+            continue
+        _, inverse = torch.unique(groups, return_inverse=True)
+        group_steps = torch.zeros(int(inverse.max()) + 1, dtype=torch.long).scatter_reduce(0, inverse, steps, "amax")
+        group_prompt = torch.zeros_like(group_steps).scatter_reduce(0, inverse, prompt, "amax")
+        live = _still_running(steps, torch.ones_like(steps), span)
+        own = live * torch.arange(1, span + 1)  # each live row's own tokens, the step's included
+        keys = _still_running(steps, prompt, span) + own
+        step_flops = forward_flops(shape, True, Counts(live, keys, live))
+        step_bytes = weights + (_still_running(group_steps, group_prompt, span) + own) * shape.kv_bytes_per_token(dtype_bytes)
+        bucket = 2 ** torch.floor(torch.log2(live.double())).long()
+        for k in bucket.unique().tolist():
+            at = bucket == k
+            flops[k] = flops.get(k, 0.0) + float(step_flops[at].sum())
+            nbytes[k] = nbytes.get(k, 0.0) + float(step_bytes[at].sum())
+            passes[k] = passes.get(k, 0) + int(at.sum())
+    parts.update({f"decode_{k}": Part(flops[k], nbytes[k], passes[k]) for k in sorted(flops)})
+    return parts
+
+
+def _still_running(steps: torch.Tensor, weight: torch.Tensor, span: int) -> torch.Tensor:
+    """(span,) at decoding step s, the sum of `weight` over the rows with more than s steps."""
+    ended = torch.zeros(span + 1, dtype=torch.long).index_add_(0, steps.clamp(max=span), weight)
+    return (weight.sum() - ended.cumsum(0))[:span]
+
+
 def generation_bytes(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_bytes: int) -> float:
-    """Bytes generation reads: per decode batch (`batch_rows` consecutive rows) the weights at its
-    prefill and at each decoding step (its longest response less one); at each decoding step, a
-    prompt's KV cache once for its group (its samples can read it together, as the hf engine does
-    with long prompts: `engine/rollout/decode_cache.py`) and each row's own tokens' (r - 1 steps)."""
-    steps = (rows.response_lengths - 1).clamp(min=0)
-    reads = sum(1 + int(part.max()) for part in steps.split(max(1, batch_rows)))
-    groups, inverse = torch.unique(rows.groups, return_inverse=True)
-    group_steps = torch.zeros(len(groups), dtype=torch.long).scatter_reduce(0, inverse, steps, "amax")
-    group_prompts = torch.zeros_like(group_steps).scatter_reduce(0, inverse, rows.prompt_lengths, "amax")
-    kv_keys = int((group_prompts * group_steps).sum() + causal_sum(torch.zeros_like(steps), steps).sum())
-    return reads * weights_bytes(shape, True, dtype_bytes) + kv_keys * shape.kv_bytes_per_token(dtype_bytes)
+    """Bytes generation reads (`generation_parts`): per decode batch the weights at its prefill and
+    at each decoding step (its longest response less one), and the KV cache."""
+    return whole(generation_parts(shape, rows, batch_rows, dtype_bytes))[1]
+
+
+def update_parts(shape: ModelShape, lm_head: bool, dtype_bytes: int, optimizer_steps: int,
+                 trained_params: int, flops: float) -> dict[str, Part]:
+    """An update's `flops` in its forward and backward passes, which read the weights twice per
+    optimizer step, then AdamW's steps, which wait for the gradients: the fp32 state of the
+    trained parameters read and written once each."""
+    passes = Part(flops, optimizer_steps * 2 * weights_bytes(shape, lm_head, dtype_bytes), optimizer_steps)
+    adamw = Part(0.0, float(optimizer_steps * ADAMW_BYTES_PER_PARAM * trained_params), optimizer_steps)
+    return {"passes": passes, "optimizer": adamw}
 
 
 def update_bytes(shape: ModelShape, lm_head: bool, dtype_bytes: int, optimizer_steps: int,
                  trained_params: int) -> float:
     """Bytes an update reads and writes: per optimizer step the weights in the forward and in the
     backward, and AdamW's fp32 state of the trained parameters."""
-    per_step = 2 * weights_bytes(shape, lm_head, dtype_bytes) + ADAMW_BYTES_PER_PARAM * trained_params
-    return optimizer_steps * per_step
+    return whole(update_parts(shape, lm_head, dtype_bytes, optimizer_steps, trained_params, 0.0))[1]
 
 
 def lora_params(shape: ModelShape, rank: int, targets) -> int:

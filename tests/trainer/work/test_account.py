@@ -111,3 +111,63 @@ def test_a_prompt_counts_once_for_its_group_in_the_least_memory():
     assert distinct_row_tokens(30.0, 12.0, 4) == 16.5
     assert distinct_row_tokens(30.0, 12.0, 1) == 30.0
     assert distinct_row_tokens(30.0, None, 4) == 30.0
+
+
+def test_a_phases_limit_adds_its_parts_limits():
+    """Parts run one after another (a decoding step waits for the last one's token), so each takes
+    the larger of its FLOPs at the rate and its bytes at the bandwidth, and the phase their sum: a
+    step of few live rows reads the weights with little to hide the reads behind. Each pass may
+    find a cache's worth of its bytes still on chip."""
+    from hflow.trainer.work.bench_account import phase_limit
+    from hflow.trainer.work.needed import Part, whole
+
+    parts = {"prefill": Part(100.0, 10.0, 1), "decode_32": Part(2000.0, 100.0, 10), "decode_1": Part(10.0, 100.0, 10)}
+    # prefill at its own rate 20: max(5, 10); the wide steps max(200, 100); the narrow ones max(1, 100)
+    assert phase_limit(parts, rate=10.0, prefill_rate=20.0, bandwidth=1.0, cache=0.0) == (10 + 200 + 100, 10 + 100)
+    flops, nbytes = whole(parts)
+    assert max(flops / 10.0, nbytes / 1.0) == 211.0  # the whole phase as one part: a lower limit
+    # 5 bytes kept on chip per pass: prefill max(5, 5), the wide steps max(200, 50), narrow max(1, 50)
+    assert phase_limit(parts, 10.0, 20.0, 1.0, cache=5.0) == (5 + 200 + 50, 50)
+    # a cache that holds each pass's bytes: every part at its FLOPs
+    assert phase_limit(parts, 10.0, 20.0, 1.0, cache=10.0) == (5 + 200 + 1, 0)
+
+
+def test_the_limit_is_the_median_of_each_steps_parts(monkeypatch):
+    """Each step's limit from its own parts (a step's decoding steps by live rows differ), the
+    median of those; a step logged as one pass counts its totals."""
+    from hflow.trainer.work.account import part_metrics
+    from hflow.trainer.work.bench_account import phase_limit, phase_line
+    from hflow.trainer.work.needed import Part
+
+    def event(parts, seconds):
+        flops, nbytes = sum(p.flops for p in parts.values()), sum(p.nbytes for p in parts.values())
+        return {"work/generate/needed_flops": flops, "work/generate/needed_bytes": nbytes,
+                "timing/generate": seconds, **part_metrics("generate", parts)}
+
+    events = [event({"prefill": Part(40.0, 0.0), "decode_1": Part(10.0, 300.0, 3)}, 1.0),
+              event({"prefill": Part(40.0, 0.0), "decode_2": Part(20.0, 100.0, 1)}, 2.0),
+              {"work/generate/needed_flops": 500.0, "work/generate/needed_bytes": 0.0, "timing/generate": 3.0}]
+    line = phase_line(events, "generate", 10.0, lambda parts: phase_limit(parts, 10.0, 20.0, 1.0, 0.0), {})
+    # limits: 2 + 300 (memory-bound), 2 + 100 (memory-bound), 50 (one pass, compute-bound)
+    assert line["limit_s"] == 102.0 and line["memory_bound_s"] == 100.0 and line["bound"] == "memory"
+    assert line["measured_s"] == 2.0 and line["share_of_limit"] == 51.0
+
+
+def test_the_caches_of_the_cores_count_once_each(tmp_path):
+    """Two cores, each with its own level 1 and 2 caches, sharing a level 3: instruction caches
+    hold no data, a shared cache counts once."""
+    import torch
+
+    from hflow.trainer.work.bench_account import cache_bytes
+
+    for cpu in (0, 1):
+        for index, (level, kind, size, shared) in enumerate(
+                [(1, "Data", "48K", str(cpu)), (1, "Instruction", "32K", str(cpu)), (2, "Unified", "1024K", str(cpu)),
+                 (3, "Unified", "32768K", "0-1")]):
+            d = tmp_path / f"cpu{cpu}" / "cache" / f"index{index}"
+            d.mkdir(parents=True)
+            for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+                (d / name).write_text(f"{value}\n")
+    assert cache_bytes(torch.device("cpu"), [0, 1], str(tmp_path)) == 2 * (48 << 10) + 2 * (1 << 20) + (32 << 20)
+    assert cache_bytes(torch.device("cpu"), [1], str(tmp_path)) == (48 << 10) + (1 << 20) + (32 << 20)
+    assert cache_bytes(torch.device("cpu"), [0], str(tmp_path / "absent")) == 0.0

@@ -12,13 +12,17 @@ from hflow.trainer.work.account import phase_needs, work_metrics
 from hflow.trainer.work.needed import (
     Counts,
     computed_flops,
+    Part,
     forward_flops,
     generation_bytes,
+    generation_parts,
     lora_params,
     reward_counts,
     scoring_counts,
     step_rows,
     update_bytes,
+    update_parts,
+    whole,
 )
 
 # 2 layers, hidden 4, 2 heads of 2 (1 KV head: kv_dim 2), ffn 8, vocabulary 10.
@@ -87,9 +91,31 @@ def test_generation_reads_the_weights_per_decoding_step_of_each_decode_batch():
     assert generation_bytes(SHAPE, alone, batch_rows=2, dtype_bytes=4) == 5 * 1552 + 19 * 32
 
 
+def test_generation_is_its_prefill_then_its_decoding_steps_by_live_rows():
+    # Decode batches of 2 rows. Prefill: prompts 3 + 2 tokens, keys 6 + 3, a logit per group:
+    # 2 x 304 x 5 + 32 x 9 + 2 x 40 x 2 FLOPs, the weights read once per batch (2 x 1552).
+    # Batch 0 (rows 0 and 1, 1 and 3 steps): step 0 has 2 live rows, each reading its prompt's 3
+    # keys and its own 1: 2 x 304 x 2 + 32 x 8 + 2 x 40 x 2 FLOPs, 1552 + (3 + 2) x 32 bytes (the
+    # prompt's keys once for the group); steps 1 and 2 one row each, with 5 and 6 keys. Batch 1
+    # (row 2, a 1-token response) decodes nothing.
+    parts = generation_parts(SHAPE, ROWS, batch_rows=2, dtype_bytes=4)
+    assert parts == {"prefill": Part(3040 + 288 + 160, 2 * 1552, 2),
+                     "decode_2": Part(1216 + 256 + 160, 1552 + 5 * 32, 1),
+                     "decode_1": Part((608 + 160 + 80) + (608 + 192 + 80), 2 * 1552 + (5 + 6) * 32, 2)}
+    assert whole(parts) == (forward_flops(SHAPE, True, scoring_counts(ROWS)),
+                            generation_bytes(SHAPE, ROWS, batch_rows=2, dtype_bytes=4))
+    # one batch of all 3 rows: step 0 has 2 live rows (2 and 3 fall in "decode_2"), steps 1-2 one
+    one = generation_parts(SHAPE, ROWS, batch_rows=3, dtype_bytes=4)
+    assert {name: p.passes for name, p in one.items()} == {"prefill": 1, "decode_2": 1, "decode_1": 2}
+    assert whole(one)[0] == whole(parts)[0]
+
+
 def test_an_update_reads_weights_twice_and_adamw_state_per_optimizer_step():
     # per step: forward + backward 2 x 1552, AdamW 28 x 388 bytes; 2 steps
     assert update_bytes(SHAPE, True, 4, optimizer_steps=2, trained_params=388) == 2 * (2 * 1552 + 28 * 388)
+    # AdamW waits for the gradients: a part of its own, after the passes
+    assert update_parts(SHAPE, True, 4, 2, 388, flops=10.0) == {"passes": Part(10.0, 2 * 2 * 1552, 2),
+                                                                "optimizer": Part(0.0, 2 * 28 * 388, 2)}
     # LoRA rank 2 on q (4 -> 4) and v (4 -> 2): 2 layers x (2 x 8 + 2 x 6) = 56
     assert lora_params(SHAPE, 2, ["q_proj", "v_proj"]) == 56
 
@@ -102,7 +128,7 @@ def _recipe(epochs=1, mini_batch_size=None):
 
 def test_the_update_needs_three_forwards_per_epoch():
     recipe = _recipe(epochs=2, mini_batch_size=2)
-    flops, nbytes = phase_needs("update_actor", "actor", SHAPE, ROWS, recipe)
+    flops, nbytes = whole(phase_needs("update_actor", "actor", SHAPE, ROWS, recipe))
     assert flops == 2 * 3 * forward_flops(SHAPE, True, scoring_counts(ROWS))
     # 2 epochs x 4 sequences / 2 per mini-batch = 4 optimizer steps, float32 on the CPU
     assert nbytes == update_bytes(SHAPE, True, 4, 4, SHAPE.params(True))
@@ -129,10 +155,14 @@ def test_step_metrics_sum_every_groups_ranks(monkeypatch):
     metrics = work_metrics(groups, _recipe(), view, {"generate": 0.1, "reward": 0.1})
     assert metrics["work/generate/computed_flops"] == 2 * 304 * 20  # both ranks' tokens
     assert metrics["work/generate/needed_flops"] == forward_flops(SHAPE, True, scoring_counts(ROWS))
-    assert set(metrics) == {f"work/generate/{k}" for k in ("needed_flops", "needed_bytes", "computed_flops")}
+    parts = generation_parts(SHAPE, ROWS, work_account.decode_batch_rows(_recipe()), 4)
+    assert set(metrics) == {f"work/generate/{k}" for k in ("needed_flops", "needed_bytes", "computed_flops")} | {
+        f"work/generate/part/{name}/{field}" for name in parts for field in ("flops", "bytes", "passes")}
+    assert metrics["work/generate/part/decode_1/passes"] == 2
+    assert work_account.event_parts(metrics, "generate") == parts
 
 
 @pytest.mark.parametrize("phase", ["old_log_prob", "reference"])
 def test_scoring_passes_need_one_forward_and_one_read_of_the_weights(phase):
-    flops, nbytes = phase_needs(phase, "actor", SHAPE, ROWS, _recipe())
-    assert (flops, nbytes) == (forward_flops(SHAPE, True, scoring_counts(ROWS)), 1552)
+    assert phase_needs(phase, "actor", SHAPE, ROWS, _recipe()) == {
+        "pass": Part(forward_flops(SHAPE, True, scoring_counts(ROWS)), 1552)}
