@@ -206,7 +206,7 @@ def part_metrics(phase: str, parts: dict[str, Part]) -> dict[str, float]:
 def event_parts(event: dict, phase: str) -> dict[str, Part]:
     """`part_metrics` read back from a step's event; a phase logged as one pass, its totals."""
     prefix = f"work/{phase}/part/"
-    names = {key[len(prefix):].rsplit("/", 1)[0] for key in event if key.startswith(prefix)}
+    names = dict.fromkeys(key[len(prefix):].rsplit("/", 1)[0] for key in event if key.startswith(prefix))
     if not names:
         return {"pass": Part(event[f"work/{phase}/needed_flops"], event.get(f"work/{phase}/needed_bytes", 0.0))}
     return {name: Part(event[f"{prefix}{name}/flops"], event[f"{prefix}{name}/bytes"],

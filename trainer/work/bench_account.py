@@ -152,21 +152,23 @@ def _size(text: str) -> int:
     return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
 
 
-def part_times(part: Part, rate: float, bandwidth: float, cache: float) -> tuple[float, float]:
-    """(compute, memory) seconds a part takes at least: its FLOPs at `rate`, and its bytes but a
-    cache's worth a pass at `bandwidth`."""
-    return part.flops / rate, max(0.0, part.nbytes - part.passes * cache) / bandwidth
+def part_times(parts: dict[str, Part], rate: float, prefill_rate: float, bandwidth: float,
+               cache: float) -> dict[str, tuple[float, float]]:
+    """Each part's (compute, memory) seconds at least: its FLOPs at `rate` (`prefill_rate` for the
+    prefill), and its bytes but a cache's worth a pass at `bandwidth`."""
+    return {name: (part.flops / (prefill_rate if name == "prefill" else rate),
+                   max(0.0, part.nbytes - part.passes * cache) / bandwidth) for name, part in parts.items()}
 
 
 def phase_limit(parts: dict[str, Part], rate: float, prefill_rate: float, bandwidth: float,
                 cache: float) -> tuple[float, float]:
     """(limit, memory-bound seconds of it): the parts' own limits added (the module docstring)."""
-    limit = memory_bound = 0.0
-    for name, part in parts.items():
-        compute, memory = part_times(part, prefill_rate if name == "prefill" else rate, bandwidth, cache)
-        limit += max(compute, memory)
-        memory_bound += memory if memory > compute else 0.0
-    return limit, memory_bound
+    return added(part_times(parts, rate, prefill_rate, bandwidth, cache))
+
+
+def added(times: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """(limit, memory-bound seconds) of parts that run in order: each the larger of its two times."""
+    return sum(max(c, m) for c, m in times.values()), sum(m for c, m in times.values() if m > c)
 
 
 def row_tokens(events: list[dict], recipe: Recipe) -> float:
@@ -248,24 +250,28 @@ def account(events: list[dict], recipe: Recipe) -> dict:
     for phase, (label, typical) in counted.items():
         held, transient = minimum_memory(phase, label, shapes[label], recipe, distinct, nbytes, response)
         resident[label] = max(resident.get(label, 0.0), held)
-        limit = functools.partial(phase_limit, rate=rates[typical], prefill_rate=max(rates[typical], rates[LARGE]),
+        times = functools.partial(part_times, rate=rates[typical], prefill_rate=max(rates[typical], rates[LARGE]),
                                   bandwidth=bandwidth, cache=cache)
-        phases[phase] = phase_line(events, phase, rates[typical], limit,
+        phases[phase] = phase_line(events, phase, rates[typical], times,
                                    {"matmul_shape": list(typical), "min_memory_bytes": held + transient,
                                     "transient_bytes": transient})
     step = step_line(phases, sum(resident.values()), max(e.get("memory/peak_bytes", 0.0) for e in events))
     return {"phases": phases, "step": step, "peaks": peaks}
 
 
-def phase_line(events: list[dict], phase: str, flops_per_s: float, limit, extra: dict) -> dict:
-    """One phase's figures: medians over the steps of its needed and computed work, its limit
-    (`limit(parts)` -> (seconds, memory-bound seconds), each step's from its own parts) and time."""
+def phase_line(events: list[dict], phase: str, flops_per_s: float, times, extra: dict) -> dict:
+    """One phase's figures: medians over the steps of its needed and computed work, its limit (each
+    step's from its own parts: `times(parts)` -> `part_times`) and time; where the work is parts,
+    each part's medians over the steps (0 in a step without it) under "parts"."""
     needed = _median(events, f"work/{phase}/needed_flops")
     nbytes = _median(events, f"work/{phase}/needed_bytes") or 0.0
     computed = _median(events, f"work/{phase}/computed_flops")
     measured = _median(events, f"timing/{phase}")
-    limits = [limit(event_parts(e, phase)) for e in events if f"work/{phase}/needed_flops" in e]
-    seconds, memory_bound = statistics.median(t for t, _ in limits), statistics.median(m for _, m in limits)
+    logged = [event_parts(e, phase) for e in events if f"work/{phase}/needed_flops" in e]
+    steps = [(parts, times(parts)) for parts in logged]
+    seconds = statistics.median(added(t)[0] for _, t in steps)
+    memory_bound = statistics.median(added(t)[1] for _, t in steps)
+    names = list(dict.fromkeys(name for parts, _ in steps for name in parts))
     return {
         "needed_flops": needed, "needed_bytes": nbytes, "computed_flops": computed,
         "computed_over_needed": computed / needed if computed is not None and needed else None,
@@ -273,7 +279,19 @@ def phase_line(events: list[dict], phase: str, flops_per_s: float, limit, extra:
         "bound": "memory" if 2 * memory_bound > seconds else "compute", "memory_bound_s": memory_bound,
         "limit_s": seconds, "measured_s": measured,
         "share_of_limit": seconds / measured if measured else None, **extra,
+        "parts": {} if names == ["pass"] else {name: _part_line(name, steps) for name in names},
     }
+
+
+def _part_line(name: str, steps: list) -> dict:
+    """A part's medians over the steps: its needed work, passes and limit (0 where it did not run)."""
+    none = Part(0.0, 0.0, 0)
+    compute = statistics.median(t.get(name, (0.0, 0.0))[0] for _, t in steps)
+    memory = statistics.median(t.get(name, (0.0, 0.0))[1] for _, t in steps)
+    return {"needed_flops": statistics.median(p.get(name, none).flops for p, _ in steps),
+            "needed_bytes": statistics.median(p.get(name, none).nbytes for p, _ in steps),
+            "passes": statistics.median(p.get(name, none).passes for p, _ in steps),
+            "limit_s": max(compute, memory), "bound": "memory" if memory > compute else "compute"}
 
 
 def step_line(phases: dict, resident: float, peak_bytes: float) -> dict:
@@ -291,7 +309,7 @@ def step_line(phases: dict, resident: float, peak_bytes: float) -> dict:
 
 
 def table(acct: dict) -> list[str]:
-    """The account as text lines: one per phase, then the step."""
+    """The account as text lines: one per phase (and under it, one per part of its work), then the step."""
     head = (f"{'phase':14}{'GFLOP':>10}{'comp/need':>11}{'bound':>9}{'limit s':>10}{'measured s':>12}"
             f"{'share':>8}{'min MiB':>10}")
     lines = [head]
@@ -301,6 +319,11 @@ def table(acct: dict) -> list[str]:
         measured = f"{p['measured_s']:.4f}" if p["measured_s"] is not None else "-"
         lines.append(f"{name:14}{p['needed_flops'] / 1e9:>10.3f}{ratio:>11}{p.get('bound', ''):>9}"
                      f"{p['limit_s']:>10.4f}{measured:>12}{share:>8}{p['min_memory_bytes'] / 2**20:>10.1f}")
+        for part, q in p.get("parts", {}).items():  # work that runs in order: each part's own limit
+            if q["passes"] == 0:  # not in most steps
+                continue
+            lines.append(f"  {part:12}{q['needed_flops'] / 1e9:>10.3f}{'':>11}{q['bound']:>9}{q['limit_s']:>10.4f}"
+                         f"{'':>12}{'':>8}{'':>10}   {q['passes']:g} pass{'es' if q['passes'] != 1 else ''}")
     peaks, step = acct["peaks"], acct["step"]
     lines.append(f"peaks ({peaks['dtype']}): matrix product {peaks['matmul_1024_flops_per_s'] / 1e9:.1f} GFLOP/s "
                  f"at 1024^3, memory copy {peaks['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "

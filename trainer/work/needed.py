@@ -168,7 +168,8 @@ def whole(parts: dict[str, Part]) -> tuple[float, float]:
 def generation_parts(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_bytes: int) -> dict[str, Part]:
     """Generation's work as the parts that run one after another: "prefill" (each prompt once for
     its group, the weights read once per decode batch of `batch_rows` consecutive rows), then the
-    decoding steps grouped by how many rows are still decoding, "decode_<k>" for k to 2k - 1 rows.
+    decoding steps grouped by how many rows are still decoding, "decode_<k>" for k to 2k - 1 rows
+    (in the order they run: the most rows first).
     A decoding step reads the weights, a prompt's KV cache once for its group (its samples can read
     it together, as the hf engine does with long prompts: `engine/rollout/decode_cache.py`) and
     each live row's own tokens'; its FLOPs are its live rows' (a row of response r decodes r - 1
@@ -198,7 +199,7 @@ def generation_parts(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_b
             flops[k] = flops.get(k, 0.0) + float(step_flops[at].sum())
             nbytes[k] = nbytes.get(k, 0.0) + float(step_bytes[at].sum())
             passes[k] = passes.get(k, 0) + int(at.sum())
-    parts.update({f"decode_{k}": Part(flops[k], nbytes[k], passes[k]) for k in sorted(flops)})
+    parts.update({f"decode_{k}": Part(flops[k], nbytes[k], passes[k]) for k in sorted(flops, reverse=True)})
     return parts
 
 

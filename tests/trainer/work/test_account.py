@@ -136,7 +136,7 @@ def test_the_limit_is_the_median_of_each_steps_parts(monkeypatch):
     """Each step's limit from its own parts (a step's decoding steps by live rows differ), the
     median of those; a step logged as one pass counts its totals."""
     from hflow.trainer.work.account import part_metrics
-    from hflow.trainer.work.bench_account import phase_limit, phase_line
+    from hflow.trainer.work.bench_account import part_times, phase_line
     from hflow.trainer.work.needed import Part
 
     def event(parts, seconds):
@@ -147,10 +147,15 @@ def test_the_limit_is_the_median_of_each_steps_parts(monkeypatch):
     events = [event({"prefill": Part(40.0, 0.0), "decode_1": Part(10.0, 300.0, 3)}, 1.0),
               event({"prefill": Part(40.0, 0.0), "decode_2": Part(20.0, 100.0, 1)}, 2.0),
               {"work/generate/needed_flops": 500.0, "work/generate/needed_bytes": 0.0, "timing/generate": 3.0}]
-    line = phase_line(events, "generate", 10.0, lambda parts: phase_limit(parts, 10.0, 20.0, 1.0, 0.0), {})
+    line = phase_line(events, "generate", 10.0, lambda parts: part_times(parts, 10.0, 20.0, 1.0, 0.0), {})
     # limits: 2 + 300 (memory-bound), 2 + 100 (memory-bound), 50 (one pass, compute-bound)
     assert line["limit_s"] == 102.0 and line["memory_bound_s"] == 100.0 and line["bound"] == "memory"
     assert line["measured_s"] == 2.0 and line["share_of_limit"] == 51.0
+    # each part's medians over the three steps, 0 where it did not run
+    assert line["parts"]["decode_1"] == {"needed_flops": 0.0, "needed_bytes": 0.0, "passes": 0, "limit_s": 0.0,
+                                         "bound": "compute"}
+    assert line["parts"]["prefill"]["limit_s"] == 2.0 and line["parts"]["decode_2"]["passes"] == 0
+    assert set(line["parts"]) == {"prefill", "decode_1", "decode_2", "pass"}
 
 
 def test_the_caches_of_the_cores_count_once_each(tmp_path):
