@@ -117,10 +117,14 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
     if _packs(forward, batch):
         row, column = scored.nonzero(as_tuple=True)
         widths = last_scored(scored) + 1 if width_r > 1 else torch.zeros_like(groups)
-        last, logits = packed_prompt_logits(forward, prompt_ids, prompt_mask, groups, responses, widths,
-                                            (row, column))
-        first = token_log_probs(last, (groups,), responses[:, 0], temperature, with_entropy)
-        parts = [token_log_probs(logits, (), responses[row, column + 1], temperature, with_entropy)] if len(row) else []
+        logits = packed_prompt_logits(forward, prompt_ids, prompt_mask, groups, responses, widths, (row, column))
+        # One pass over all the logits (each prompt's last, scored by its every row, then the scored
+        # positions'): two slices of them would each take back a zeroed gradient of all of them.
+        scored_rows = torch.cat([groups, len(first_rows) + torch.arange(len(row), device=groups.device)])
+        both = token_log_probs(logits, (scored_rows,), torch.cat([responses[:, 0], responses[row, column + 1]]),
+                               temperature, with_entropy)
+        first, rest = zip(*(t.split([rows, len(row)]) if t is not None else (None, None) for t in both))
+        parts = [rest] if len(row) else []
         return _placed(parts, [row], [column + 1], (rows, width_r), mask.device, with_entropy, first)
     prefix = forward(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
                      use_cache=True, **logits_kwargs(forward, 1, width_p, prompt_ids.device))

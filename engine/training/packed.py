@@ -180,13 +180,13 @@ def packed_logits(forward, ids: torch.Tensor, widths: torch.Tensor, start: torch
 
 def packed_prompt_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, groups: torch.Tensor,
                          ids: torch.Tensor, widths: torch.Tensor,
-                         scored: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                         scored: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Rows that continue shared prompts, as one packed forward: each prompt's tokens once, then
     row b's first widths[b] tokens of `ids` (B, >= max width) after its prompt `groups[b]`.
 
-    `prompt_ids`, `prompt_mask`: (G, P) left-padded prompts. Returns the logits (G, V) at each
-    prompt's last token (they predict its rows' first tokens) and (K, V) at the K `scored` (row,
-    column) pairs of `ids`. Only for `can_pack` models."""
+    `prompt_ids`, `prompt_mask`: (G, P) left-padded prompts. Returns the logits (G + K, V): at each
+    prompt's last token (they predict its rows' first tokens), then at the K `scored` (row, column)
+    pairs of `ids`. Only for `can_pack` models."""
     lengths = prompt_mask.sum(-1)
     prompts, rows = Grid(lengths), Grid(widths.to(ids.device))
     padding = (prompt_mask.shape[1] - lengths)[prompts.rows]  # a prompt's tokens are its last `length` columns
@@ -194,8 +194,7 @@ def packed_prompt_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.T
     positions = torch.cat([prompts.columns, lengths[groups][rows.rows] + rows.columns])
     at_row, at_column = scored
     heads = torch.cat([prompts.offsets + lengths - 1, prompts.tokens + rows.offsets[at_row] + at_column])
-    logits = _forward(forward, tokens, positions, PackedRows(rows, prompts, groups), heads)
-    return logits[:len(lengths)], logits[len(lengths):]
+    return _forward(forward, tokens, positions, PackedRows(rows, prompts, groups), heads)
 
 
 def _forward(forward, tokens: torch.Tensor, positions: torch.Tensor, layout: PackedRows,

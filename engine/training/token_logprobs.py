@@ -33,7 +33,8 @@ def token_log_probs(logits: torch.Tensor, where: tuple[torch.Tensor, ...], token
 
     logits: (*lead, V) in any float dtype; where: one index tensor per leading dim, all of one
     shape S (advanced indexing: `logits[where]` is (*S, V), but is never built whole), or ()
-    for logits (K, V) whose every row is scored (the head ran only where needed: `lm_head.head_at`);
+    for logits (K, V) whose every row is scored (the head ran only where needed: `lm_head.head_at`),
+    or (rows,) for logits (K, V) some of whose rows are scored twice or not at all;
     tokens: (*S) token ids. Returns float32 (*S) log-probs and (*S) entropy, or None.
     Gradients flow to `logits` (an index met twice gets both gradients).
     """
@@ -82,7 +83,7 @@ class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy):
         logits, tokens, lse, entropy, *where = ctx.saved_tensors
-        grad = torch.zeros_like(logits) if where else torch.empty_like(logits)  # () : every row written
+        grad, once = _gradient_for(logits, where)
         if grad_entropy is None or not entropy.numel():
             grad_entropy = None
         for start in range(0, len(tokens), ctx.chunk):
@@ -103,8 +104,35 @@ class _TokenLogProbs(torch.autograd.Function):
                 g.sub_(from_entropy)
             if ctx.temperature != 1.0:
                 g.div_(ctx.temperature)
-            if where:
+            if once is not None:
+                _put_rows(grad, at[0], g.to(grad.dtype), once)
+            elif where:
                 grad.index_put_(at, g.to(grad.dtype), accumulate=True)
             else:
                 grad[part] = g
         return (grad, None, None, None, None, *[None] * len(where))
+
+
+def _gradient_for(logits: torch.Tensor, where: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The logits' gradient, to be filled chunk by chunk, and for scored rows given as one index
+    (`where` = (rows,) into (N, V) logits: a shared prompt's last logits scored once per sample,
+    then the rest once each) which rows are scored exactly once. Those are written, the others
+    zeroed and added into: no zeroed copy of every logit (N x V) for a few repeated rows."""
+    if not where:
+        return torch.empty_like(logits), None  # every row written once, in order
+    if len(where) > 1 or logits.dim() != 2:
+        return torch.zeros_like(logits), None
+    once = torch.bincount(where[0], minlength=len(logits)) == 1
+    grad = torch.empty_like(logits)
+    grad[~once] = 0
+    return grad, once
+
+
+def _put_rows(grad: torch.Tensor, rows: torch.Tensor, g: torch.Tensor, once: torch.Tensor) -> None:
+    """A chunk's gradient rows into `grad`: written where the row is scored once, else added."""
+    single = once[rows]
+    if bool(single.all()):
+        grad.index_copy_(0, rows, g)
+        return
+    grad.index_copy_(0, rows[single], g[single])
+    grad.index_add_(0, rows[~single], g[~single])

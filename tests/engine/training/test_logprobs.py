@@ -66,6 +66,28 @@ def test_every_row_scored_equals_the_reference_and_leaves_the_logits_untouched(t
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_rows_scored_twice_or_not_at_all_get_their_gradients_added_or_zero(with_entropy):
+    """`where=(rows,)`: a shared prompt's last logits scored by each of its samples (row 0 three
+    times, row 1 twice), row 2 never, then rows scored once each, in chunks that mix the kinds (3
+    tokens a chunk): the gradient of a twice-scored row is the sum, of an unscored one zero, and the
+    rows scored once are written without a zeroed copy of all the logits first."""
+    g = torch.Generator().manual_seed(5)
+    logits = (3 * torch.randn(7, 50, generator=g)).requires_grad_()
+    rows = torch.tensor([0, 0, 1, 0, 1, 3, 4, 5, 6])
+    tokens = torch.randint(0, 50, rows.shape, generator=g)
+    weights = torch.randn(2, len(rows), generator=g)
+    got, got_entropy = token_log_probs(logits, (rows,), tokens, 1.0, with_entropy, chunk_values=3 * 50)
+    loss = (got * weights[0]).sum() + ((got_entropy * weights[1]).sum() if with_entropy else 0)
+    got_grad, = torch.autograd.grad(loss, logits)
+    want, want_entropy = reference(logits[rows], tokens, 1.0)
+    loss = (want * weights[0]).sum() + ((want_entropy * weights[1]).sum() if with_entropy else 0)
+    want_grad, = torch.autograd.grad(loss, logits)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got_grad[2], torch.zeros(50))
+
+
 def test_log_probs_of_a_hand_computed_distribution():
     """Logits log(1, 2, 5) at T = 1: p = (1/8, 2/8, 5/8); token 1 has log(1/4); at T = 0.5 the
     logits double: p is proportional to (1, 4, 25)."""
