@@ -115,17 +115,7 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
     # Response column t's output scores token t + 1: a row needs its columns up to its last scored one.
     scored = batch[col.RESPONSE_MASK][:, 1:].bool()
     if _packs(forward, batch):
-        row, column = scored.nonzero(as_tuple=True)
-        widths = last_scored(scored) + 1 if width_r > 1 else torch.zeros_like(groups)
-        logits = packed_prompt_logits(forward, prompt_ids, prompt_mask, groups, responses, widths, (row, column))
-        # One pass over all the logits (each prompt's last, scored by its every row, then the scored
-        # positions'): two slices of them would each take back a zeroed gradient of all of them.
-        scored_rows = torch.cat([groups, len(first_rows) + torch.arange(len(row), device=groups.device)])
-        both = token_log_probs(logits, (scored_rows,), torch.cat([responses[:, 0], responses[row, column + 1]]),
-                               temperature, with_entropy)
-        first, rest = zip(*(t.split([rows, len(row)]) if t is not None else (None, None) for t in both))
-        parts = [rest] if len(row) else []
-        return _placed(parts, [row], [column + 1], (rows, width_r), mask.device, with_entropy, first)
+        return _packed_scores(forward, prompt_ids, prompt_mask, groups, responses, scored, temperature, with_entropy)
     prefix = forward(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
                      use_cache=True, **logits_kwargs(forward, 1, width_p, prompt_ids.device))
     cache, lockstep = prefix.past_key_values, bool(batch.meta.get("lockstep"))
@@ -155,6 +145,24 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
         at_rows.append(index[local_row])
         at_columns.append(column + 1)
     return _placed(parts, at_rows, at_columns, (rows, width_r), mask.device, with_entropy, first)
+
+
+def _packed_scores(forward: Callable, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, groups: torch.Tensor,
+                   responses: torch.Tensor, scored: torch.Tensor, temperature: float,
+                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`_shared_prompt_scores` as one packed forward (`packed.packed_prompt_logits`), its logits
+    scored in one pass (each prompt's last, scored by its every row, then the scored positions'):
+    two slices of them would each take back a zeroed gradient of all of them."""
+    rows, width_r = responses.shape
+    row, column = scored.nonzero(as_tuple=True)
+    widths = last_scored(scored) + 1 if width_r > 1 else torch.zeros_like(groups)
+    logits = packed_prompt_logits(forward, prompt_ids, prompt_mask, groups, responses, widths, (row, column))
+    scored_rows = torch.cat([groups, len(prompt_ids) + torch.arange(len(row), device=groups.device)])
+    both = token_log_probs(logits, (scored_rows,), torch.cat([responses[:, 0], responses[row, column + 1]]),
+                           temperature, with_entropy)
+    first, rest = zip(*(t.split([rows, len(row)]) if t is not None else (None, None) for t in both))
+    parts = [rest] if len(row) else []
+    return _placed(parts, [row], [column + 1], (rows, width_r), responses.device, with_entropy, first)
 
 
 def last_scored(scored: torch.Tensor) -> torch.Tensor:
