@@ -16,6 +16,9 @@ engine/workers/, engine/training/train_engine.py, engine/rollout/hybrid.py):
   `gpu_memory_utilization` share of the device. A generator with weights of its own first sends
   the part of the training state DeepSpeed can offload to host memory, where it stays until the
   update (hybrid.PhaseSwitch: rollout, scoring, training);
+- the LM head (the actor's, the reference's) runs only where a token is scored: a row's response
+  and its prompt's last position (engine/lm_head.py `head_at`, or `logits_to_keep`), so a pass
+  holds the logits of response_len + 1 positions a sequence, not of the whole sequence (`scored`);
 - a ZeRO-3 forward or backward gathers a window of parameters at a time (`memory.zero3_gathered`);
 - roles on one pool add up on a device (`memory.colocated_peak`, as the search counts a set).
 
@@ -123,11 +126,17 @@ def role_memory(workload: Workload, device: Device, run: RoleRun, devices: int) 
     params = shape.params(run.role == "reference")
     weights = memory.frozen_weights(params, workload.dtype_bytes, 1, 1)
     forward = memory.inference_activations(shape, run.role == "reference", _micro(run, devices, scoring=True),
-                                           workload.seq_len, 1, workload.dtype_bytes)
+                                           workload.seq_len, 1, workload.dtype_bytes, scored(workload))
     if run.zero_stage == 3:  # partitioned like the actor: a share resident, a window gathered per pass
         weights /= devices
         forward += memory.zero3_gathered(params, workload.dtype_bytes)
     return RoleMemory(run.role, (weights,) * 3, (0.0, forward, 0.0), {"weights": weights, "activations": forward})
+
+
+def scored(workload: Workload) -> int:
+    """Positions a sequence whose logits a scoring or training pass computes: its response's, and
+    its prompt's last (which predicts the response's first token)."""
+    return workload.response_len + 1
 
 
 def _micro(run: RoleRun, devices: int, scoring: bool = False) -> float:
@@ -146,9 +155,9 @@ def _trained(w: Workload, device: Device, run: RoleRun, dp: int) -> RoleMemory:
         states = replace(states, grads=0.0, optimizer=0.0)
     gathered = memory.zero3_gathered(params, w.dtype_bytes) if run.zero_stage == 3 else 0.0
     forward = memory.inference_activations(shape, lm_head, _micro(run, dp, scoring=True), w.seq_len, 1,
-                                           w.dtype_bytes) + gathered
+                                           w.dtype_bytes, scored(w)) + gathered
     train = memory.train_activations(shape, lm_head, _micro(run, dp), w.seq_len, 1, w.checkpointing,
-                                     w.dtype_bytes) + gathered
+                                     w.dtype_bytes, scored(w)) + gathered
     detail = {"weights": states.weights, "grads": states.grads, "optimizer": states.optimizer, "activations": train}
     held, gen = states.total, run.generation
     if gen is None:

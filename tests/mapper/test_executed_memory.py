@@ -50,29 +50,40 @@ def test_actor_and_reference_on_two_devices_by_hand():
     assert kv == 32_768
     assert actor.resident == (states + kv, states, states)
     # Micro-batch of 2 sequences x 16 tokens = 32 tokens. A layer keeps 4h + 2h + 2 kv_dim + 3 ffn
-    # = 256 + 128 + 128 + 576 = 1,088 values per token, in bf16; the logits 55 fp32 values per token.
-    layer, logits = 1_088 * 32 * 2, 32 * 55 * 4
-    assert (layer, logits) == (69_632, 7_040)
+    # = 256 + 128 + 128 + 576 = 1,088 values per token, in bf16; the LM head runs where a token is
+    # scored, the 10 response positions and the prompt's last: 2 x 11 positions of 55 fp32 logits.
+    layer, logits = 1_088 * 32 * 2, 2 * 11 * 55 * 4
+    assert (layer, logits) == (69_632, 4_840)
     forward = layer + logits  # one layer at a time, and the logits
     train = 2 * layer + 2 * logits  # every layer kept (no checkpointing), the logits and their gradient
-    assert actor.transient == (0.0, forward, train) == (0.0, 76_672, 153_344)
+    assert actor.transient == (0.0, forward, train) == (0.0, 74_472, 148_944)
     # The reference: a full bf16 copy on each device, and one forward's working memory.
     assert reference.resident == (2 * P,) * 3 == (227_712,) * 3
     assert reference.transient == (0.0, forward, 0.0)
     # Colocated: both keep their bytes; the larger working memory of a stage comes on top.
     assert mem.peak == (states + kv + 2 * P, states + 2 * P + forward, states + 2 * P + train)
-    assert mem.peak == (1_626_752, 1_670_656, 1_747_328)
-    assert mem.worst == ("training", 1_747_328)
+    assert mem.peak == (1_626_752, 1_668_456, 1_742_928)
+    assert mem.worst == ("training", 1_742_928)
+
+
+def test_long_prompts_count_the_logits_of_the_scored_positions_only():
+    """A 2,048-token prompt with a 256-token response: the head runs on 257 positions a sequence,
+    so the scoring forward holds a tenth of the logits the whole sequence would have."""
+    long = replace(_workload(), prompt_len=2048, response_len=256)
+    pool = PoolRun("pool0", 1, (RoleRun("reference", micro_seqs=2, rows=8),))
+    [mem] = executed_memory(long, A100, [pool])
+    layer = 1_088 * 2 * 2304 * 2
+    assert mem.roles[0].transient == (0.0, layer + 2 * 257 * 55 * 4, 0.0)
 
 
 def test_a_scoring_micro_batch_of_its_own_sizes_the_scoring_forward_only():
     # Scoring 4 sequences at a time (64 tokens) where the update takes 2: the scoring forward's one
-    # layer and logits double (2 x (69,632 + 7,040)); the update's kept activations do not change.
+    # layer and logits double (2 x (69,632 + 4,840)); the update's kept activations do not change.
     pool = PoolRun("pool0", 2, (replace(_actor(zero=1), score_seqs=4), RoleRun("reference", micro_seqs=4, rows=8)))
     [mem] = executed_memory(_workload(), A100, [pool])
     actor, reference = mem.roles
-    assert actor.transient == (0.0, 153_344, 153_344)
-    assert reference.transient == (0.0, 153_344, 0.0)
+    assert actor.transient == (0.0, 148_944, 148_944)
+    assert reference.transient == (0.0, 148_944, 0.0)
 
 
 def test_zero3_shards_the_states_and_gathers_the_whole_weights_for_the_rollout():
@@ -82,7 +93,7 @@ def test_zero3_shards_the_states_and_gathers_the_whole_weights_for_the_rollout()
     assert memory.zero3_gathered(70_000_000_000, 2) == 2e9  # a 70B model: a 1e9-parameter window
     # Training: weights, gradients and Adam states all split over the 4 devices.
     assert actor.resident[2] == pytest.approx((2 + 2 + 12) * P / 4)
-    assert actor.transient == pytest.approx((0.0, 69_632 + 7_040 + window, 2 * 69_632 + 2 * 7_040 + window))
+    assert actor.transient == pytest.approx((0.0, 69_632 + 4_840 + window, 2 * 69_632 + 2 * 4_840 + window))
     # Rollout: the gradients go to host memory (all ZeRO-3 can offload under torch's AdamW), the whole
     # weights are gathered into a bf16 generation copy, and 8 sequences over 4 devices put 2 in each
     # one's KV cache (512 bytes per token). Scoring: the copy is freed, the gradients stay away.
