@@ -129,10 +129,11 @@ def _gradient_for(logits: torch.Tensor, where: list) -> tuple[torch.Tensor, torc
 
 
 def _put_rows(grad: torch.Tensor, rows: torch.Tensor, g: torch.Tensor, once: torch.Tensor) -> None:
-    """A chunk's gradient rows into `grad`: written where the row is scored once, else added."""
+    """A chunk's gradient rows into `grad`: written where the row is scored once, else added (by an
+    accumulating `index_put_`, which a GPU adds in a fixed order; its `index_add_` would not)."""
     single = once[rows]
     if bool(single.all()):
         grad.index_copy_(0, rows, g)
         return
     grad.index_copy_(0, rows[single], g[single])
-    grad.index_add_(0, rows[~single], g[~single])
+    grad.index_put_((rows[~single],), g[~single], accumulate=True)
