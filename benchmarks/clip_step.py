@@ -25,14 +25,17 @@ from hflow.trainer.placement.worker_specs import optim_spec
 
 
 def engines(model_dir: str, clip: float) -> dict:
+    """The two engines: `clips_itself` as it is, and one answering no (DeepSpeed clips)."""
     cfg = optim_spec(ActorConfig(lr=1e-6, zero_stage=0, grad_clip=clip))
-    made = {}
-    for name, own in (("engine clips", True), ("DeepSpeed clips", False)):
-        train_engine.clips_itself = (lambda zero_stage, bf16: zero_stage == 0 and not bf16) if own else \
-            (lambda zero_stage, bf16: False)
-        model = load_causal_lm(model_dir, torch.float32)
-        made[name] = train_engine.TrainEngine(model, cfg, total_updates=100, micro_batch_size=4, micro_steps=1,
-                                              bf16=False)
+    rule, made = train_engine.clips_itself, {}
+    try:
+        for name, clips in (("engine clips", rule), ("DeepSpeed clips", lambda zero_stage, bf16: False)):
+            train_engine.clips_itself = clips
+            model = load_causal_lm(model_dir, torch.float32)
+            made[name] = train_engine.TrainEngine(model, cfg, total_updates=100, micro_batch_size=4,
+                                                  micro_steps=1, bf16=False)
+    finally:
+        train_engine.clips_itself = rule
     return made
 
 
@@ -44,12 +47,11 @@ def main() -> None:
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
     ensure_process_group(torch.device("cpu"))
-    original = train_engine.clips_itself
     for clip in (1e-3, 1e9):
         made = engines(a.model, clip)
-        train_engine.clips_itself = original
         times = {name: [] for name in made}
-        ids = torch.randint(3, 1000, (4, 32), generator=torch.Generator().manual_seed(0))
+        vocab = next(iter(made.values())).module.config.vocab_size
+        ids = torch.randint(3, min(1000, vocab), (4, 32), generator=torch.Generator().manual_seed(0))
         for r in range(a.rounds + 1):
             for name in (list(made) if r % 2 == 0 else list(made)[::-1]):
                 engine = made[name]

@@ -36,6 +36,7 @@ from hflow.trainer.work.needed import (
     BACKWARD,
     Part,
     StepRows,
+    add_parts,
     computed_flops,
     forward_flops,
     generation_parts,
@@ -184,17 +185,6 @@ def phase_needs(phase: str, label: str, shape: ModelShape, rows: StepRows, recip
                             trained_params(recipe, section, shape),
                             passes * forward_flops(shape, lm_head, scoring_counts(rows)))
     return {"pass": Part(forward_flops(shape, lm_head, scoring_counts(rows)), weights_bytes(shape, lm_head, nbytes))}
-
-
-def add_parts(needs: list[dict[str, Part]]) -> dict[str, Part]:
-    """The parts of several models' work in one phase (a critic and a cost critic), by name, one
-    model's after the other's."""
-    total: dict[str, Part] = {}
-    for parts in needs:
-        for name, p in parts.items():
-            have = total.get(name, Part(0.0, 0.0, 0))
-            total[name] = Part(have.flops + p.flops, have.nbytes + p.nbytes, have.passes + p.passes)
-    return total
 
 
 def part_metrics(phase: str, parts: dict[str, Part]) -> dict[str, float]:

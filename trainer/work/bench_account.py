@@ -269,8 +269,8 @@ def phase_line(events: list[dict], phase: str, flops_per_s: float, times, extra:
     measured = _median(events, f"timing/{phase}")
     logged = [event_parts(e, phase) for e in events if f"work/{phase}/needed_flops" in e]
     steps = [(parts, times(parts)) for parts in logged]
-    seconds = statistics.median(added(t)[0] for _, t in steps)
-    memory_bound = statistics.median(added(t)[1] for _, t in steps)
+    limits = [added(t) for _, t in steps]
+    seconds, memory_bound = (statistics.median(column) for column in zip(*limits))
     names = list(dict.fromkeys(name for parts, _ in steps for name in parts))
     return {
         "needed_flops": needed, "needed_bytes": nbytes, "computed_flops": computed,

@@ -174,33 +174,42 @@ def generation_parts(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_b
     it together, as the hf engine does with long prompts: `engine/rollout/decode_cache.py`) and
     each live row's own tokens'; its FLOPs are its live rows' (a row of response r decodes r - 1
     steps). The parts add up to `scoring_counts`' FLOPs and `generation_bytes`."""
-    weights = weights_bytes(shape, True, dtype_bytes)
     prompts = rows.group_prompts()
     batches = list(zip(*(t.split(max(1, batch_rows)) for t in
                          ((rows.response_lengths - 1).clamp(min=0), rows.prompt_lengths, rows.groups))))
     prefill = Counts(int(prompts.sum()), int(causal_sum(torch.zeros_like(prompts), prompts).sum()), len(prompts))
-    parts = {"prefill": Part(forward_flops(shape, True, prefill), len(batches) * weights, len(batches))}
-    flops, nbytes, passes = {}, {}, {}
-    for steps, prompt, groups in batches:
-        span = int(steps.max())
-        if span == 0:
-            continue
-        _, inverse = torch.unique(groups, return_inverse=True)
-        group_steps = torch.zeros(int(inverse.max()) + 1, dtype=torch.long).scatter_reduce(0, inverse, steps, "amax")
-        group_prompt = torch.zeros_like(group_steps).scatter_reduce(0, inverse, prompt, "amax")
-        live = _still_running(steps, torch.ones_like(steps), span)
-        own = live * torch.arange(1, span + 1)  # each live row's own tokens, the step's included
-        keys = _still_running(steps, prompt, span) + own
-        step_flops = forward_flops(shape, True, Counts(live, keys, live))
-        step_bytes = weights + (_still_running(group_steps, group_prompt, span) + own) * shape.kv_bytes_per_token(dtype_bytes)
-        bucket = 2 ** torch.floor(torch.log2(live.double())).long()
-        for k in bucket.unique().tolist():
-            at = bucket == k
-            flops[k] = flops.get(k, 0.0) + float(step_flops[at].sum())
-            nbytes[k] = nbytes.get(k, 0.0) + float(step_bytes[at].sum())
-            passes[k] = passes.get(k, 0) + int(at.sum())
-    parts.update({f"decode_{k}": Part(flops[k], nbytes[k], passes[k]) for k in sorted(flops, reverse=True)})
-    return parts
+    weights = weights_bytes(shape, True, dtype_bytes)
+    decoding = add_parts([_decoding(shape, *batch, weights, dtype_bytes) for batch in batches if batch[0].max() > 0])
+    return {"prefill": Part(forward_flops(shape, True, prefill), len(batches) * weights, len(batches)),
+            **{f"decode_{k}": decoding[k] for k in sorted(decoding, reverse=True)}}
+
+
+def _decoding(shape: ModelShape, steps: torch.Tensor, prompt: torch.Tensor, groups: torch.Tensor,
+              weights: float, dtype_bytes: int) -> dict[int, Part]:
+    """One decode batch's decoding steps (each row's `steps`, prompt length and group) by live rows:
+    {k: the steps with k to 2k - 1 live rows}."""
+    span = int(steps.max())
+    _, inverse = torch.unique(groups, return_inverse=True)
+    group_steps = torch.zeros(int(inverse.max()) + 1, dtype=torch.long).scatter_reduce(0, inverse, steps, "amax")
+    group_prompt = torch.zeros_like(group_steps).scatter_reduce(0, inverse, prompt, "amax")
+    live = _still_running(steps, torch.ones_like(steps), span)
+    own = live * torch.arange(1, span + 1)  # each live row's own tokens, the step's included
+    step_flops = forward_flops(shape, True, Counts(live, _still_running(steps, prompt, span) + own, live))
+    step_bytes = weights + (_still_running(group_steps, group_prompt, span) + own) * shape.kv_bytes_per_token(dtype_bytes)
+    bucket = 2 ** torch.floor(torch.log2(live.double())).long()
+    return {k: Part(float(step_flops[bucket == k].sum()), float(step_bytes[bucket == k].sum()), int((bucket == k).sum()))
+            for k in bucket.unique().tolist()}
+
+
+def add_parts(needs: list[dict]) -> dict:
+    """Parts of the same names added (several decode batches', or a critic's and a cost critic's
+    in one phase), one after the other."""
+    total: dict = {}
+    for parts in needs:
+        for name, p in parts.items():
+            have = total.get(name, Part(0.0, 0.0, 0))
+            total[name] = Part(have.flops + p.flops, have.nbytes + p.nbytes, have.passes + p.passes)
+    return total
 
 
 def _still_running(steps: torch.Tensor, weight: torch.Tensor, span: int) -> torch.Tensor:
