@@ -30,7 +30,8 @@ def bench(
     """Measure RECIPE: rollout tokens/s, full RL step tokens/s (prompt + response tokens of the
     global batch / step time, the HybridFlow paper's metric) with each phase's efficiency account
     (needed FLOPs and bytes, computed / needed, the time limit from this machine's measured peaks,
-    the share of it reached), or the actor's phase switch time and each rank's memory across it."""
+    added up over the parts of the phase's work that run in order, listed under it, the share of it
+    reached), or the actor's phase switch time and each rank's memory across it."""
     quiet_libraries()
     loaded, path = load_recipe(recipe, set_)
     check_runtime(loaded, str(path), roles=None if what is What.step else ["actor"])
@@ -63,6 +64,7 @@ def bench(
         typer.echo(f"{key:24} {value}")
     if "account" in result:
         typer.echo("\nefficiency account (per phase: needed work, computed / needed, the least time this machine "
-                   "allows, measured time, share of that limit; medians over the steps):")
+                   "allows, measured time, share of that limit; medians over the steps; indented, the parts of a "
+                   "phase's work that run in order, each with its own limit):")
         for line in account_table(result["account"]):
             typer.echo(line)
