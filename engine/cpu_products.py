@@ -13,12 +13,14 @@ about 1e-6 of the result.
 So every `nn.Linear` of a model hflow loads becomes a `RoutedLinear` (`route_linears`): on a CPU
 in float32 its forward and backward products run through `product` when oneDNN is the faster here,
 and through `F.linear` otherwise (a GPU, bfloat16, ZeRO-3's partitioned weights, whose gathering
-DeepSpeed ties to `F.linear`). The lean decoding step calls `product` itself.
+DeepSpeed ties to `F.linear`). The lean decoding step calls `product` itself, on reordered weights,
+wherever oneDNN runs (`decodes_packed`: its thin products are faster so even where the passes'
+wide ones are not).
 
 Which is faster is measured on a product of a typical shape, both ways, on one thread
 (`onednn_chosen`); oneDNN is taken only when clearly faster (`MARGIN`). A run measures once, when it
 begins, and every process of it, a resume included, keeps that choice (`settle`).
-`HFLOW_CPU_PRODUCTS=onednn|blas` decides instead (`auto`, the default, measures).
+`HFLOW_CPU_PRODUCTS=onednn|blas` decides the passes' route instead (`auto`, the default, measures).
 
 oneDNN keeps every primitive it builds, one per product shape, in two caches (its own and ideep's,
 torch's wrapper around it) of 1,024 entries each. A run's products change shape at every step
@@ -175,15 +177,22 @@ def routes(weight: torch.Tensor) -> bool:
 
 
 def decodes_packed(weight: torch.Tensor) -> bool:
-    """Whether the lean decoding step multiplies on weights reordered for oneDNN (`packed`): in
-    float32 where `routes` says so; in bfloat16 on a CPU where oneDNN takes bf16 (AVX-512 and up),
-    where torch's own products run through oneDNN too but on the plain weights (SmolLM2's MLP
-    product at 32 rows, cache cold: 96 us packed against 131 as `weight @ x`, 16 rows 68 against
-    137; docs/benchmarks.md, "bfloat16 on a CPU that has it")."""
+    """Whether the lean decoding step multiplies on weights reordered for oneDNN (`packed`): on a CPU
+    wherever oneDNN runs, in float32 whichever library the training passes take (`routes`), in
+    bfloat16 where oneDNN takes bf16 (AVX-512 and up; torch's own products run through oneDNN there
+    too, but on the plain weights: SmolLM2's MLP product at 32 rows, cache cold, 96 us packed against
+    131 as `weight @ x`, 16 rows 68 against 137; docs/benchmarks.md, "bfloat16 on a CPU that has it").
+
+    A decoding step's thin products are not the training passes' wide ones, which `onednn_chosen`
+    measures: on a 2-core AVX2 EPYC whose BLAS matches oneDNN on those (so the passes keep the
+    BLAS), SmolLM2's products of a step (q/k/v and gate/up joined) took 29.9 / 33.9 / 48.7 / 72.3 ms
+    packed at 1 / 8 / 16 / 32 rows against 41.5 / 74.0 / 53.9 / 75.7 by the BLAS's faster layout at
+    each; on the AVX-512 EPYC, where the passes take oneDNN too, 2.0-2.8x (docs/benchmarks.md)."""
+    if weight.device.type != "cpu" or hasattr(weight, "ds_id") or not onednn_available():
+        return False
     if weight.dtype == torch.bfloat16:
-        return (weight.device.type == "cpu" and onednn_available() and not hasattr(weight, "ds_id")
-                and _onednn_takes_bf16())
-    return routes(weight)
+        return _onednn_takes_bf16()
+    return weight.dtype == torch.float32
 
 
 @functools.cache

@@ -125,13 +125,18 @@ def bwrap():
 
 @pytest.fixture(params=["blas", "onednn"])
 def cpu_products(request, monkeypatch):
-    """Each test run once with its CPU float32 products through the BLAS and once through oneDNN
-    (`engine/cpu_products.py`; skipped where torch has no oneDNN). Yields the choice."""
+    """Each test run once with its CPU float32 products through the BLAS, the decoding step's too (as
+    in a torch without oneDNN: the step multiplies as columns), and once through oneDNN, the step on
+    packed weights (`engine/cpu_products.py`; skipped where torch has no oneDNN). Yields the choice."""
     from helpers import choose_cpu_products
 
     from hflow.engine import cpu_products
+    from hflow.engine.rollout import fast_decode
 
     if request.param == "onednn" and not cpu_products.onednn_available():
         pytest.skip("this torch has no oneDNN")
     choose_cpu_products(monkeypatch, request.param)
+    if request.param == "blas":
+        packs = fast_decode.decodes_packed
+        monkeypatch.setattr(fast_decode, "decodes_packed", lambda weight: weight.dtype != torch.float32 and packs(weight))
     return request.param

@@ -109,6 +109,23 @@ def test_blas_is_kept_when_asked(monkeypatch):
     assert not routes(torch.randn(4, 4))
 
 
+@pytest.mark.parametrize("choice", ["blas", "onednn"])
+def test_the_decoding_step_packs_wherever_onednn_runs_whichever_route_the_passes_take(monkeypatch, choice):
+    """The passes' route is the variable's; a decoding step's thin products go through oneDNN on
+    reordered weights wherever it runs (float32, or bfloat16 where oneDNN takes it), never for
+    ZeRO-3's partitioned parameters or half precision."""
+    choose_cpu_products(monkeypatch, choice)
+    weight = torch.randn(4, 4)
+    assert routes(weight) == (choice == "onednn" and cpu_products.onednn_available())
+    assert cpu_products.decodes_packed(weight) == cpu_products.onednn_available()
+    assert cpu_products.decodes_packed(weight.bfloat16()) == (cpu_products.onednn_available()
+                                                              and cpu_products._onednn_takes_bf16())
+    assert not cpu_products.decodes_packed(weight.half())
+    partitioned = nn.Parameter(weight.clone())
+    partitioned.ds_id = 0
+    assert not cpu_products.decodes_packed(partitioned)
+
+
 def _train_three_steps(tiny_model, choice: str, monkeypatch) -> tuple[list[float], torch.Tensor, int]:
     """(losses, trained LM head, oneDNN products run)."""
     from hflow.engine.models.loading import load_causal_lm
