@@ -2,7 +2,7 @@
 each in its own process (libgomp reads the policy once, at start), policies alternating in rounds,
 with --busy K spinning processes beside every run or none.
 
-    python benchmarks/wait_policy.py [--recipe grpo/smollm2-arithmetic] [--policies default,passive,spin1000]
+    python benchmarks/wait_policy.py [--recipe grpo/smollm2-arithmetic] [--policies default,passive,spin1000,spin3000]
                                      [--rounds 2] [--busy 0] [--threads 2]
 
 Policies: `default` (libgomp's own spin, about 300,000 iterations), `passive` (OMP_WAIT_POLICY=PASSIVE:
@@ -60,7 +60,7 @@ def child(recipe_name: str, threads: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="grpo/smollm2-arithmetic")
-    parser.add_argument("--policies", default="default,passive,spin1000")
+    parser.add_argument("--policies", default="default,passive,spin1000,spin3000")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--busy", type=int, default=0, help="spinning processes beside every run")
     parser.add_argument("--threads", type=int, default=2)

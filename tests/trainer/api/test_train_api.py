@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import hflow
+from hflow.engine.cpu_threads import SPIN_COUNT
 from hflow.errors import UserError
 from hflow.trainer.api.sources import _Weighted, dataset_file, reward_spec
 
@@ -175,5 +176,5 @@ def test_a_run_from_python_gets_the_commands_process_settings_before_torch_loads
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         seen = json.loads(done.stdout.strip().splitlines()[-1])
-        assert seen == {"GOMP_SPINCOUNT": "1000", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+        assert seen == {"GOMP_SPINCOUNT": SPIN_COUNT, "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
                         "THP_MEM_ALLOC_ENABLE": expected_thp}
