@@ -11,11 +11,11 @@ parameters). The prefill still runs through transformers; its cache is copied in
 On a CPU in float32 the attention is written out as two matmuls and a softmax: for one
 query token that is faster than `scaled_dot_product_attention`'s kernel; elsewhere (GPU,
 bfloat16) the fused kernel is used. The step multiplies in one of three layouts (`step_layout`):
-where oneDNN's products beat torch's BLAS on this CPU (`cpu_products.py`), the projections and the
-head run through oneDNN on weights reordered for the batch, q/k/v and gate/up each joined into one
+on a CPU wherever torch has oneDNN (`cpu_products.decodes_packed`), the projections and the head
+run through oneDNN on weights reordered for the batch, q/k/v and gate/up each joined into one
 product, the hidden state carried as rows; on a GPU, as rows through `F.linear` on the model's own
-weights (no copy); with a CPU's BLAS, as columns (`weight @ x`). The constants below are for the
-BLAS's products.
+weights (no copy); on a CPU without oneDNN, through the BLAS as columns (`weight @ x`). The
+constants below are for the BLAS's products.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def step_layout(weight: torch.Tensor) -> str:
     oneDNN's products on reordered weights: `cpu_products.decodes_packed`), "rows" (as rows,
     `F.linear` on the model's own weights: a GPU, where the layout costs nothing and every kernel
     launch counts: a bf16 SmolLM2 step is 698 operators as rows against 1,096 as columns, counting
-    each call from Python once), or "columns" (as (hidden, B), `weight @ x`: a CPU's BLAS, see
+    each call from Python once), or "columns" (as (hidden, B), `weight @ x`: the BLAS of a CPU without oneDNN, see
     `FastDecoder.step`)."""
     if weight.device.type != "cpu":
         return "rows"
@@ -95,9 +95,9 @@ class FastDecoder:
         else:
             self.cache = RowCache(cache, mask, repeat, max_new_tokens, manual)
         capacity = mask.shape[1] + max_new_tokens
-        # oneDNN's products where they beat the BLAS here, and in bfloat16 on a CPU
-        # (`cpu_products.decodes_packed`): F.linear's layout, no row-count steps (SmolLM2's 210
-        # products: 22 to 32 ms at 12 to 32 rows, smoothly, benchmarks/cpu_products.py).
+        # oneDNN's products on a CPU wherever it runs (`cpu_products.decodes_packed`): F.linear's
+        # layout, no row-count steps (SmolLM2's 210 products: 22 to 32 ms at 12 to 32 rows,
+        # smoothly, benchmarks/cpu_products.py).
         self.layout = step_layout(inner.layers[0].self_attn.q_proj.weight)
         self.next_position = mask.sum(-1).repeat_interleave(repeat)
         config = model.config
