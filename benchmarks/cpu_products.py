@@ -7,10 +7,11 @@ Three tables, each product timed both ways, rounds alternating, the best of --ro
   2. the update's three products of one layer at the model's MLP shape, --tokens rows: the forward
      x W^T, the input gradient dy W and the weight gradient dy^T x (as the routed layer computes
      them), with each way's largest error against float64, relative to the result's largest value;
-  3. a decoding step's products (every layer's seven weights, each its own tensor so that the
-     cache is cold as in a step) at each of --rows rows: the BLAS as the lean step calls it
-     (`weight @ x`), oneDNN on the plain weights, and oneDNN on weights reordered for the rows
-     (`cpu_products.packed`); milliseconds per step.
+  3. a decoding step's products (every layer's four, q/k/v and gate/up joined as the lean step joins
+     them, each weight its own tensor so that the cache is cold as in a step) at each of --rows
+     rows: the BLAS as the lean step calls it without oneDNN (`weight @ x` from 12 rows, `F.linear`
+     below), oneDNN on the plain weights, and oneDNN on weights reordered for the rows
+     (`cpu_products.packed`, what the step takes wherever oneDNN runs); milliseconds per step.
 """
 
 from __future__ import annotations
@@ -63,20 +64,21 @@ def decode_products(config: dict, rows_list: list[int], rounds: int) -> None:
     hidden, ffn, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
     heads = config["num_attention_heads"]
     kv = (config.get("num_key_value_heads") or heads) * (config.get("head_dim") or hidden // heads)
-    shapes = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden),
-              (ffn, hidden), (ffn, hidden), (hidden, ffn)]
+    # The lean step's four products a layer: q/k/v joined, o, gate/up joined, down.
+    shapes = [(hidden + 2 * kv, hidden), (hidden, hidden), (2 * ffn, hidden), (hidden, ffn)]
     weights = [torch.randn(*shape) * 0.02 for _ in range(layers) for shape in shapes]
-    print(f"\na decoding step's {len(weights)} products (ms per step):")
-    print(f"{'rows':>6}{'BLAS weight @ x':>17}{'oneDNN':>10}{'oneDNN packed':>15}")
+    print(f"\na decoding step's {len(weights)} products, q/k/v and gate/up joined (ms per step):")
+    print(f"{'rows':>6}{'BLAS weight @ x':>17}{'BLAS F.linear':>15}{'oneDNN':>10}{'oneDNN packed':>15}")
     for rows in rows_list:
         columns = {w.shape[1]: torch.randn(w.shape[1], rows) for w in weights}
         row_major = {k: v.t().contiguous() for k, v in columns.items()}
         reordered = [packed(w, rows) for w in weights]
         times = [best_s(run, rounds) * 1e3 for run in (
             lambda: [torch.mm(w, columns[w.shape[1]]) for w in weights],
+            lambda: [F.linear(row_major[w.shape[1]], w) for w in weights],
             lambda: [product(row_major[w.shape[1]], w) for w in weights],
             lambda: [product(row_major[w.shape[1]], p) for w, p in zip(weights, reordered)])]
-        print(f"{rows:>6}{times[0]:>17.1f}{times[1]:>10.1f}{times[2]:>15.1f}")
+        print(f"{rows:>6}{times[0]:>17.1f}{times[1]:>15.1f}{times[2]:>10.1f}{times[3]:>15.1f}")
 
 
 def main() -> None:
