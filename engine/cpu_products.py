@@ -14,8 +14,8 @@ So every `nn.Linear` of a model hflow loads becomes a `RoutedLinear` (`route_lin
 in float32 its forward and backward products run through `product` when oneDNN is the faster here,
 and through `F.linear` otherwise (a GPU, bfloat16, ZeRO-3's partitioned weights, whose gathering
 DeepSpeed ties to `F.linear`). The lean decoding step calls `product` itself, on reordered weights,
-wherever oneDNN runs (`decodes_packed`: its thin products are faster so even where the passes'
-wide ones are not).
+wherever oneDNN runs (`decodes_packed`: its thin products run faster through oneDNN even where the
+passes' wide ones do not).
 
 Which is faster is measured on a product of a typical shape, both ways, on one thread
 (`onednn_chosen`); oneDNN is taken only when clearly faster (`MARGIN`). A run measures once, when it
@@ -185,9 +185,10 @@ def decodes_packed(weight: torch.Tensor) -> bool:
 
     A decoding step's thin products are not the training passes' wide ones, which `onednn_chosen`
     measures: on a 2-core AVX2 EPYC whose BLAS matches oneDNN on those (so the passes keep the
-    BLAS), SmolLM2's products of a step (q/k/v and gate/up joined) took 29.9 / 33.9 / 48.7 / 72.3 ms
-    packed at 1 / 8 / 16 / 32 rows against 41.5 / 74.0 / 53.9 / 75.7 by the BLAS's faster layout at
-    each; on the AVX-512 EPYC, where the passes take oneDNN too, 2.0-2.8x (docs/benchmarks.md)."""
+    BLAS), SmolLM2's products of a step (q/k/v and gate/up joined) took 27.7 / 35.2 / 44.1 / 66.6 ms
+    packed at 1 / 8 / 16 / 32 rows against 36.2 / 69.7 / 50.0 / 78.1 by the BLAS's faster layout at
+    each (`benchmarks/cpu_products.py`); on the AVX-512 EPYC, where the passes take oneDNN too,
+    2.0-2.8x (docs/benchmarks.md)."""
     if weight.device.type != "cpu" or hasattr(weight, "ds_id") or not onednn_available():
         return False
     if weight.dtype == torch.bfloat16:

@@ -138,5 +138,6 @@ def cpu_products(request, monkeypatch):
     choose_cpu_products(monkeypatch, request.param)
     if request.param == "blas":
         packs = fast_decode.decodes_packed
-        monkeypatch.setattr(fast_decode, "decodes_packed", lambda weight: weight.dtype != torch.float32 and packs(weight))
+        monkeypatch.setattr(fast_decode, "decodes_packed",
+                            lambda weight: weight.dtype != torch.float32 and packs(weight))
     return request.param
