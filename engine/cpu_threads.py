@@ -15,11 +15,11 @@ beside a busy process against 7.07 passive and 13.96 with the default spin); on 
 whose steps run slower and so leave longer gaps, 1,000 left the idle generation 1.4x slower than the
 default spin (9.14 s against 6.42), 3,000 did not (6.62), and beside a busy process 3,000 took
 11.8-12.4 s against 10.3-12.2 at 1,000, 23.2 with the default spin and 10.3 passive
-(`benchmarks/wait_policy.py`, docs/benchmarks.md). The setting is read once, when the OpenMP
-runtime starts, so it must be in the environment before torch is imported; workers hflow starts
-(Ray actors, `torch.distributed` ranks) inherit it. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins. How many threads a local
-run uses, step by step, is `trainer/placement/cpu_share.py`'s choice (a small model gets one).
-The command (`cli/__init__.py`) and the Python API (`trainer/api/__init__.py`) set it.
+(`benchmarks/wait_policy.py`, docs/benchmarks.md). The setting is read once, when the OpenMP runtime
+starts, so it must be in the environment before torch is imported; workers hflow starts (Ray actors,
+`torch.distributed` ranks) inherit it. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins. How many
+threads a local run uses, step by step, is `trainer/placement/cpu_share.py`'s choice (a small model
+gets one). The command (`cli/__init__.py`) and the Python API (`trainer/api/__init__.py`) set it.
 """
 
 from __future__ import annotations
