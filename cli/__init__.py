@@ -5,8 +5,8 @@ kept between passes (`engine/host_memory.py`), before torch is loaded (as the Py
 `trainer/api/__init__.py`).
 """
 
-from hflow.engine.cpu_threads import spin_briefly
+from hflow.engine.cpu_threads import choose_spin
 from hflow.engine.host_memory import keep_host_memory
 
-spin_briefly()
+choose_spin()
 keep_host_memory()

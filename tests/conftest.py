@@ -9,7 +9,12 @@ import pytest
 
 # The `hflow` command's process settings (idle threads, host memory: `engine/cpu_threads.py`,
 # `engine/host_memory.py`) in every test process from its start, before torch loads, and so in every
-# process a test starts: not only after the first test that happens to import the command.
+# process a test starts: not only after the first test that happens to import the command. The
+# short spin of a fixed team: two workers share the cores, and not every test's computation runs
+# through a run's thread share (`trainer/placement/cpu_share.py`) that would shrink its team.
+from hflow.engine.cpu_threads import choose_spin  # noqa: E402
+
+choose_spin(fixed_team=True)
 import hflow.cli  # noqa: E402,F401
 import torch  # noqa: E402
 

@@ -7,8 +7,8 @@ how freed host memory is kept (`engine/host_memory.py`). Where torch was importe
 thread setting reaches only the processes started afterwards (workers, ranks); the malloc settings
 take effect in this process too. A user's own value of any of them wins."""
 
-from hflow.engine.cpu_threads import spin_briefly
+from hflow.engine.cpu_threads import choose_spin
 from hflow.engine.host_memory import keep_host_memory
 
-spin_briefly()
+choose_spin()
 keep_host_memory()

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import hflow
-from hflow.engine.cpu_threads import SPIN_COUNT
+from hflow.engine.cpu_threads import SHRINKING_TEAM_SPIN
 from hflow.errors import UserError
 from hflow.trainer.api.sources import _Weighted, dataset_file, reward_spec
 
@@ -169,12 +169,12 @@ def test_a_run_from_python_gets_the_commands_process_settings_before_torch_loads
     """libgomp and torch read their settings once, as they load: `hflow.train` makes them first, as
     the command does, so a run from Python is as fast as `hflow train` (a user's own value wins)."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_",
-                        "THP_MEM_ALLOC_ENABLE")}
+           if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MALLOC_MMAP_MAX_",
+                        "MALLOC_TRIM_THRESHOLD_", "THP_MEM_ALLOC_ENABLE")}
     for user, expected_thp in (({}, None), ({"THP_MEM_ALLOC_ENABLE": "1"}, "1")):  # huge pages: the user's
         done = subprocess.run([sys.executable, "-c", AT_TORCH_IMPORT], env={**env, **user}, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         seen = json.loads(done.stdout.strip().splitlines()[-1])
-        assert seen == {"GOMP_SPINCOUNT": SPIN_COUNT, "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
-                        "THP_MEM_ALLOC_ENABLE": expected_thp}
+        assert seen == {"GOMP_SPINCOUNT": SHRINKING_TEAM_SPIN, "MALLOC_MMAP_MAX_": "0",
+                        "MALLOC_TRIM_THRESHOLD_": str(1 << 30), "THP_MEM_ALLOC_ENABLE": expected_thp}
