@@ -4,21 +4,30 @@ with --busy K spinning processes beside every run or none.
 
     python benchmarks/wait_policy.py [--recipe grpo/smollm2-arithmetic] [--policies default,passive,spin1000,spin3000]
                                      [--rounds 2] [--busy 0] [--threads 2]
+                                     [--whole-run [--steps 6] [--set KEY=VALUE ...]]
 
 Policies: `default` (libgomp's own spin, about 300,000 iterations), `passive` (OMP_WAIT_POLICY=PASSIVE:
 threads sleep at once), `spinN` (GOMP_SPINCOUNT=N). Each run generates the recipe's first four
-prompt batches (n samples each, its response length) with the hf engine and prints the median
-seconds of the last three; `engine/cpu_threads.py` chose its spin from these figures.
+prompt batches (n samples each, its response length) with the hf engine on --threads threads and
+prints the median seconds of the last three. With --whole-run each run is `hflow train RECIPE` for
+--steps steps (with the --set overrides) without OMP_NUM_THREADS, so that the run's thread share
+(`trainer/placement/cpu_share.py`) chooses its threads before each step; it prints the medians of
+the step and of its generation after the first two steps, and the thread counts the steps took.
+`engine/cpu_threads.py` chose its spins from these figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 CHILD = "--child"
 
@@ -64,8 +73,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--busy", type=int, default=0, help="spinning processes beside every run")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--whole-run", action="store_true", help="time `hflow train` steps, its own thread share")
+    parser.add_argument("--steps", type=int, default=6, help="--whole-run: steps per run (the first two dropped)")
+    parser.add_argument("--set", action="append", default=[], help="--whole-run: a recipe override, KEY=VALUE")
     parser.add_argument(CHILD, action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args()
+    if a.whole_run and a.steps < 3:
+        parser.error("--steps must be at least 3 (the first two steps are dropped)")
     if a.child:
         return child(a.recipe, a.threads)
     policies = a.policies.split(",")
@@ -76,15 +90,42 @@ def main() -> None:
     try:
         for i in range(a.rounds):
             for policy in policies if i % 2 == 0 else policies[::-1]:
-                done = subprocess.run([sys.executable, __file__, CHILD, "--recipe", a.recipe, "--threads", str(a.threads)],
-                                      env=policy_env(policy), capture_output=True, text=True, check=True)
+                if a.whole_run:
+                    seconds[policy].append(whole_run(a, policy_env(policy)))
+                    continue
+                done = subprocess.run([sys.executable, __file__, CHILD, "--recipe", a.recipe, "--threads",
+                                       str(a.threads)], env=policy_env(policy), capture_output=True, text=True,
+                                      check=True)
                 seconds[policy].append(float(done.stdout.split()[-1]))
     finally:
         for p in busy:
             p.kill()
+    if a.whole_run:
+        print(f"{a.recipe}: `hflow train` seconds a step (its generation), {a.busy} busy processes beside")
+        for policy, runs in seconds.items():
+            print(f"{policy:10} step median {statistics.median(r[0] for r in runs):.3f} s, generation "
+                  f"{statistics.median(r[1] for r in runs):.3f} s  rounds {[r[:2] for r in runs]} threads {runs[0][2]}")
+        return
     print(f"{a.recipe}: generation seconds, {a.threads} threads, {a.busy} busy processes beside")
     for policy, values in seconds.items():
         print(f"{policy:10} median {statistics.median(values):.3f} s  rounds {[round(v, 3) for v in values]}")
+
+
+def whole_run(a: argparse.Namespace, env: dict) -> tuple[float, float, list]:
+    """One `hflow train` under `env` without OMP_NUM_THREADS: the medians of its steps and of their
+    generation after the first two, and each kept step's thread count."""
+    env = {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"}
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "hflow", "train", a.recipe, "--output-dir", out, "--set",
+               f"trainer.total_steps={a.steps}", "--set", "trainer.save_every=0", "--set", "logging.progress=lines"]
+        for override in a.set:
+            cmd += ["--set", override]
+        subprocess.run(cmd, env={**env, "WANDB_MODE": "disabled"}, check=True, capture_output=True)
+        events = [json.loads(line) for path in glob.glob(f"{out}/*/events.jsonl")
+                  for line in Path(path).read_text().splitlines()]
+    steps = [e for e in events if "timing/step" in e][2:]
+    return (round(statistics.median(e["timing/step"] for e in steps), 3),
+            round(statistics.median(e["timing/generate"] for e in steps), 3), [e.get("cpu/threads") for e in steps])
 
 
 if __name__ == "__main__":
