@@ -46,6 +46,7 @@ from hflow.trainer.control.episode_stats import episode_metrics
 from hflow.trainer.data.answers import is_right
 from hflow.trainer.data.eval_sets import read_set_rows
 from hflow.trainer.data.prompts import encode_rows, read_eval_rows
+from hflow.trainer.placement.cpu_share import share_for
 from hflow.trainer.placement.worker_groups import build_worker_groups
 
 CORRECT = 1.0  # a response counts as right when its reward reaches this
@@ -183,12 +184,18 @@ def evaluate_outcomes(recipe: Recipe, checkpoint: str | None, step: int) -> dict
     (its actor's weights) on the recipe's workers; `step` picks the eval seed streams (as
     training's eval at that step)."""
     evaluator = Evaluator(recipe, load_tokenizer(recipe.model.path, recipe.model.trust_remote_code))
-    groups = build_worker_groups(recipe, ["actor", "reward"], pick_device(recipe.trainer.device))
+    device = pick_device(recipe.trainer.device)
+    groups = build_worker_groups(recipe, ["actor", "reward"], device)
+    # As a training run's steps: on a local CPU run the threads the cores other processes leave
+    # free (measured while the models load), so that the threads' spin costs no one a slice.
+    cpu = share_for(recipe, on=groups.backend == "local" and device.type == "cpu")
     try:
         groups["actor"].init_model(checkpoint=f"{checkpoint}/actor" if checkpoint else None)
         groups["reward"].init_model()
+        cpu.before_step()
         return evaluator.outcomes(groups["actor"], groups["reward"], step)
     finally:
+        cpu.restore()
         groups.shutdown()
 
 

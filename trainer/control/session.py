@@ -21,13 +21,12 @@ from hflow.engine.groups.dist import pick_device
 from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
 from hflow.errors import RunFailed, UserError
-from hflow.mapper.models import resolve_model
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.evaluate import Evaluator
 from hflow.trainer.control.nonfinite import SKIPPED, check_update, nonfinite_problem, scorer_name
 from hflow.trainer.control.step_record import rollout_metrics, samples
 from hflow.trainer.data.prompts import PromptData
-from hflow.trainer.placement.cpu_share import CpuShare
+from hflow.trainer.placement.cpu_share import share_for
 from hflow.trainer.placement.worker_groups import WorkerGroups, build_worker_groups
 from hflow.trainer.report.progress import Progress
 from hflow.trainer.report.wandb_log import WandbLogger
@@ -65,8 +64,8 @@ class Session:
             raise
         # Only where the workers compute in this process: a local run on the CPU.
         local_cpu = self.groups.backend == "local" and self.device.type == "cpu"
-        self.cpu = CpuShare(_parameters(recipe), on=local_cpu,
-                            compute_threads=2 if recipe.trainer.mode == "async" else 1)  # + generator thread
+        self.cpu = share_for(recipe, on=local_cpu,
+                             compute_threads=2 if recipe.trainer.mode == "async" else 1)  # + generator thread
         self.cpu_metrics: dict[str, float] = {}
         self.timings: dict[str, float] = {}
         self.work_ahead: dict[int, dict] = {}  # work done ahead for later steps (`work/account.py`)
@@ -335,14 +334,6 @@ def failure_message(err: BaseException) -> str:
     if isinstance(err, (UserError, RunFailed)):  # a worker's error is a RunFailed
         return str(err)
     return f"{type(err).__name__}: {err}"
-
-
-def _parameters(recipe: Recipe) -> int | None:
-    """The actor's parameter count from its config (None when its shape is not known)."""
-    try:
-        return resolve_model(recipe.model.path, init=recipe.model.init).params()
-    except UserError:
-        return None
 
 
 def _check_divisible(recipe: Recipe, groups: WorkerGroups) -> None:

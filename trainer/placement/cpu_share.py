@@ -1,7 +1,9 @@
-"""How many threads torch's CPU kernels use in a local run's process, chosen before each step.
+"""How many threads torch's CPU kernels use in a local run's process, chosen before each step
+(and once before `hflow eval` generates: `trainer/control/evaluate.py`).
 
-`engine/cpu_threads.py` makes idle OpenMP threads sleep after a short spin, so that a busy machine cannot
-make them spin long on cores they do not get. Three measured rules (docs/benchmarks.md, "A busy machine") choose how
+Idle OpenMP threads spin before they sleep (`engine/cpu_threads.py`: libgomp's own spin where these
+rules run, a short one where OMP_NUM_THREADS fixes the team); the rules keep a busy machine from
+making them spin on cores they do not get. Three measured rules (docs/benchmarks.md, "A busy machine") choose how
 many threads there are:
 
 - **A model under 1M parameters runs on one thread.** Its matrix products are too small to
@@ -33,6 +35,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from hflow.errors import UserError
+from hflow.mapper.models import resolve_model
 
 SMALL_MODEL_PARAMS = 1_000_000
 
@@ -104,6 +109,16 @@ class CpuShare:
         if seen != len(wanted) or not seen:
             return None
         return busy / os.sysconf("SC_CLK_TCK"), self._own(), self._wall()
+
+
+def share_for(recipe, on: bool, compute_threads: int = 1) -> CpuShare:
+    """A `CpuShare` for a recipe's actor: its parameter count read from its config (None where the
+    shape is not known)."""
+    try:
+        params = resolve_model(recipe.model.path, init=recipe.model.init).params()
+    except UserError:
+        params = None
+    return CpuShare(params, on=on, compute_threads=compute_threads)
 
 
 def _others_cores(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:

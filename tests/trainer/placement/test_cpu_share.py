@@ -137,3 +137,25 @@ def test_two_compute_threads_take_half_the_free_cores_each_and_set_their_own_cou
     assert seen == [1, 1]
     share_async.restore()
     assert torch.get_num_threads() == 2
+
+
+def test_evaluation_generates_on_the_thread_share_and_gives_the_threads_back(tiny_model, two_threads, monkeypatch):
+    """`hflow eval` on a local CPU: as a training step, the model's share of the cores while it
+    generates (the tiny model's: one thread), the process's own count afterwards."""
+    from hflow.trainer.config.load import load_recipe
+    from hflow.trainer.control import evaluate
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+    outcomes = evaluate.Evaluator.outcomes
+
+    def spy(self, actor, reward, step):
+        seen.append(torch.get_num_threads())
+        return outcomes(self, actor, reward, step)
+
+    monkeypatch.setattr(evaluate.Evaluator, "outcomes", spy)
+    recipe, _ = load_recipe("grpo/quickstart", [f"model.path={tiny_model}", "model.init=null",
+                                                "data.eval=synthetic:digits", "data.eval_size=8"])
+    scored = evaluate.evaluate_outcomes(recipe, None, step=0)
+    assert seen == [1] and torch.get_num_threads() == 2
+    assert len(next(iter(scored.values()))["accuracy"]) == 8  # every held-out prompt scored
