@@ -12,9 +12,9 @@ a token, and its generation took 5.41 s against 3.99 with the default spin.
 Which spin depends on whether the team can shrink:
 
 - **`OMP_NUM_THREADS` set** (by the user; Ray sets it to 1 in its one-CPU workers): the team is
-  fixed, so a busy machine cannot take a thread out of it. A spin of `FIXED_TEAM_SPIN` iterations (each a `pause`:
-  28 ns on a Zen 3 EPYC, so about 85 us) bounds the cost beside a busy process and keeps most of
-  the idle speed: on a 2-core AVX2 EPYC the recipe's generation took 6.62 s idle against the
+  fixed, so a busy machine cannot take a thread out of it. A spin of `FIXED_TEAM_SPIN` iterations
+  (each a `pause`: 28 ns on a Zen 3 EPYC, so about 85 us) bounds the cost beside a busy process and
+  keeps most of the idle speed: on a 2-core AVX2 EPYC the recipe's generation took 6.62 s idle against the
   default spin's 6.42 and 11.8-12.4 s beside a busy process against 23.2 (1,000 iterations: 9.14
   idle; `benchmarks/wait_policy.py`, docs/benchmarks.md).
 - **Not set**: a local CPU run chooses its thread count before every step from the cores other
@@ -22,8 +22,9 @@ Which spin depends on whether the team can shrink:
   thread and nothing spins on a core it does not get. There the threads keep libgomp's own spin
   (`SHRINKING_TEAM_SPIN`): the gaps between a small model's regions are longer than 85 us, and each
   wake-up is a sleeping core's. The 27.5M model's GRPO step (16 prompts x 4, 64 tokens, 2 cores)
-  took 10.19-10.22 s against 11.76-12.61 s at 3,000 idle, and 16.1-18.0 s against 16.4-16.8 beside
-  a busy process, one thread either way (docs/benchmarks.md).
+  took 9.39 s against 10.21 at 3,000 idle (a first comparison: 10.2 against 12.2), and 15.6 against
+  16.1 beside a busy process, one thread either way (`benchmarks/wait_policy.py --whole-run`,
+  docs/benchmarks.md).
 
 The setting is read once, when the OpenMP runtime starts, so it must be in the environment before
 torch is imported; processes hflow starts inherit it. A user's own OMP_WAIT_POLICY or

@@ -186,16 +186,18 @@ def evaluate_outcomes(recipe: Recipe, checkpoint: str | None, step: int) -> dict
     evaluator = Evaluator(recipe, load_tokenizer(recipe.model.path, recipe.model.trust_remote_code))
     device = pick_device(recipe.trainer.device)
     groups = build_worker_groups(recipe, ["actor", "reward"], device)
-    # As a training run's steps: on a local CPU run the threads the cores other processes leave
-    # free (measured while the models load), so that the threads' spin costs no one a slice.
-    cpu = share_for(recipe, on=groups.backend == "local" and device.type == "cpu")
+    cpu = None
     try:
+        # As a training run's steps: on a local CPU run the threads the cores other processes leave
+        # free (measured while the models load), so that the threads' spin costs no one a slice.
+        cpu = share_for(recipe, on=groups.backend == "local" and device.type == "cpu")
         groups["actor"].init_model(checkpoint=f"{checkpoint}/actor" if checkpoint else None)
         groups["reward"].init_model()
         cpu.before_step()
         return evaluator.outcomes(groups["actor"], groups["reward"], step)
     finally:
-        cpu.restore()
+        if cpu is not None:
+            cpu.restore()
         groups.shutdown()
 
 
