@@ -19,8 +19,6 @@ the step and of its generation after the first two steps, and the thread counts 
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
 import statistics
 import subprocess
@@ -28,6 +26,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from hflow.trainer.rundir.layout import EVENTS
+from hflow.trainer.rundir.writer import read_jsonl
 
 CHILD = "--child"
 
@@ -121,8 +122,7 @@ def whole_run(a: argparse.Namespace, env: dict) -> tuple[float, float, list]:
         for override in a.set:
             cmd += ["--set", override]
         subprocess.run(cmd, env={**env, "WANDB_MODE": "disabled"}, check=True, capture_output=True)
-        events = [json.loads(line) for path in glob.glob(f"{out}/*/events.jsonl")
-                  for line in Path(path).read_text().splitlines()]
+        events = [event for run in Path(out).iterdir() for event in read_jsonl(run / EVENTS)]
     steps = [e for e in events if "timing/step" in e][2:]
     return (round(statistics.median(e["timing/step"] for e in steps), 3),
             round(statistics.median(e["timing/generate"] for e in steps), 3), [e.get("cpu/threads") for e in steps])

@@ -14,9 +14,9 @@ Which spin depends on whether the team can shrink:
 - **`OMP_NUM_THREADS` set** (by the user; Ray sets it to 1 in its one-CPU workers): the team is
   fixed, so a busy machine cannot take a thread out of it. A spin of `FIXED_TEAM_SPIN` iterations
   (each a `pause`: 28 ns on a Zen 3 EPYC, so about 85 us) bounds the cost beside a busy process and
-  keeps most of the idle speed: on a 2-core AVX2 EPYC the recipe's generation took 6.62 s idle against the
-  default spin's 6.42 and 11.8-12.4 s beside a busy process against 23.2 (1,000 iterations: 9.14
-  idle; `benchmarks/wait_policy.py`, docs/benchmarks.md).
+  keeps most of the idle speed: on a 2-core AVX2 EPYC the recipe's generation took 6.62 s idle
+  against the default spin's 6.42 and 11.8-12.4 s beside a busy process against 23.2 (1,000
+  iterations: 9.14 idle; `benchmarks/wait_policy.py`, docs/benchmarks.md).
 - **Not set**: a local CPU run chooses its thread count before every step from the cores other
   processes left free (`trainer/placement/cpu_share.py`), so beside a busy process its team is one
   thread and nothing spins on a core it does not get. There the threads keep libgomp's own spin

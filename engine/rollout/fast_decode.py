@@ -64,8 +64,8 @@ def step_layout(weight: torch.Tensor) -> str:
     oneDNN's products on reordered weights: `cpu_products.decodes_packed`), "rows" (as rows,
     `F.linear` on the model's own weights: a GPU, where the layout costs nothing and every kernel
     launch counts: a bf16 SmolLM2 step is 698 operators as rows against 1,096 as columns, counting
-    each call from Python once), or "columns" (as (hidden, B), `weight @ x`: the BLAS of a CPU without oneDNN, see
-    `FastDecoder.step`)."""
+    each call from Python once), or "columns" (as (hidden, B), `weight @ x`: the BLAS of a CPU
+    without oneDNN, see `FastDecoder.step`)."""
     if weight.device.type != "cpu":
         return "rows"
     return "packed" if decodes_packed(weight) else "columns"

@@ -3,8 +3,8 @@
 
 Idle OpenMP threads spin before they sleep (`engine/cpu_threads.py`: libgomp's own spin where these
 rules run, a short one where OMP_NUM_THREADS fixes the team); the rules keep a busy machine from
-making them spin on cores they do not get. Three measured rules (docs/benchmarks.md, "A busy machine") choose how
-many threads there are:
+making them spin on cores they do not get. Three measured rules (docs/benchmarks.md, "A busy
+machine") choose how many threads there are:
 
 - **A model under 1M parameters runs on one thread.** Its matrix products are too small to
   split, and each parallel region wakes a sleeping thread: on the 2-core development machine
@@ -38,6 +38,7 @@ import torch
 
 from hflow.errors import UserError
 from hflow.mapper.models import resolve_model
+from hflow.trainer.config.recipe import Recipe
 
 SMALL_MODEL_PARAMS = 1_000_000
 
@@ -111,7 +112,7 @@ class CpuShare:
         return busy / os.sysconf("SC_CLK_TCK"), self._own(), self._wall()
 
 
-def share_for(recipe, on: bool, compute_threads: int = 1) -> CpuShare:
+def share_for(recipe: Recipe, on: bool, compute_threads: int = 1) -> CpuShare:
     """A `CpuShare` for a recipe's actor: its parameter count read from its config (None where the
     shape is not known)."""
     try:
