@@ -100,9 +100,11 @@ def finished_run(result, cwd: Path) -> tuple[Path, list[dict]]:
 
 
 def train_run(recipe: Path) -> tuple[Path, list[dict]]:
-    """`hflow train RECIPE` to its end: the run directory and its events, one dict per step."""
+    """`hflow train RECIPE` to its end, with no traceback on stderr: the run directory and its
+    events, one dict per step."""
     full = run_hflow("train", str(recipe))
     assert full.returncode == 0, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr, full.stderr[-3000:]  # a run that succeeded says nothing went wrong
     run = Path(full.stdout.strip().splitlines()[-1])
     return run, read_events(run)
 

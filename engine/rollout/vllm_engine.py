@@ -86,6 +86,7 @@ from hflow.engine.rollout.vllm_setup import (
     environ,
     keep_thread_control,
     kv_cache_bytes,
+    shut_down_first_at_exit,
 )
 from hflow.engine.rollout.vllm_weights import (
     Bucket,
@@ -153,6 +154,7 @@ class VLLMGenerator:
                 disable_custom_all_reduce=True,
                 **memory,
             )
+        shut_down_first_at_exit(llm)
         if cuda:
             llm.sleep(level=2)  # dummy weights: nothing worth keeping until the first sync
         return cls(llm, eos_token_ids, pad_token_id, tensor_parallel_size, rank % tensor_parallel_size, group,

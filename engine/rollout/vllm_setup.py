@@ -5,11 +5,13 @@ the tests ask these questions without loading vLLM."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.metadata
 import importlib.util
 import logging
 import os
+import weakref
 
 import torch
 from packaging.version import Version
@@ -117,3 +119,25 @@ def environ(**values: str):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def shut_down_first_at_exit(llm) -> None:
+    """Shut `llm`'s engine down at exit before the process group goes.
+
+    vLLM's in-process engine tears itself down from a finalizer that runs after every exit hook
+    registered later (weakref's own hook, registered when the first finalizer is made), so after
+    hflow's `leave_process_group` (`groups/dist.py`) had already destroyed the group that vLLM's
+    tensor-parallel group lives in: every run with the vllm engine ended with a traceback on stderr
+    ("Invalid process group specified") though it had succeeded. Exit hooks run last registered
+    first, and the engine is built after the group, so this one runs before: vLLM's teardown destroys
+    its groups and the process group itself (its `cleanup_dist_env_and_memory`), and hflow's hook
+    then finds none. Held weakly: an engine dropped earlier has been torn down by its finalizer."""
+    engine = weakref.ref(llm)
+
+    def shut_down() -> None:
+        live = engine()
+        core = getattr(getattr(live, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
+    atexit.register(shut_down)
