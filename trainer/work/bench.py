@@ -20,6 +20,7 @@ from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.work.bench_account import account, matmul_rate
+from hflow.trainer.placement.cpu_share import CpuShare, share_for
 from hflow.trainer.placement.worker_groups import build_worker_groups
 from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.rundir.writer import RunDir
@@ -32,6 +33,14 @@ def _actor(recipe: Recipe):
     data = PromptData(recipe.data, load_tokenizer(recipe.model.path, recipe.model.trust_remote_code),
                       recipe.seed, recipe.trainer.prompts_per_step)
     return groups, data
+
+
+def _thread_share(recipe: Recipe, groups) -> CpuShare:
+    """As a training run's steps (`control/session.py`): on a local CPU run, the threads the cores
+    other processes leave free, chosen before each timed call (`before_step`). Without it the
+    calls ran on torch's fixed count with libgomp's long spin, which costs most beside a busy
+    process (docs/benchmarks.md, "The spin follows the thread share")."""
+    return share_for(recipe, on=groups.backend == "local" and pick_device(recipe.trainer.device).type == "cpu")
 
 
 def _parameter_count(recipe: Recipe) -> int:
@@ -50,21 +59,26 @@ def _parameter_count(recipe: Recipe) -> int:
 def bench_rollout(recipe: Recipe, repeats: int) -> dict:
     """Generation alone: response tokens per second over `repeats` timed rollouts (after a warm-up)."""
     groups, data = _actor(recipe)
+    cpu = _thread_share(recipe, groups)
     try:
         actor = groups["actor"]
+        cpu.before_step()
         resolve(actor.generate_sequences(data.batch(1)))
-        rows = []
+        rows, threads = [], []
         for step in range(2, repeats + 2):
+            threads.append(cpu.before_step().get("cpu/threads"))
             start = time.perf_counter()
             out = resolve(actor.generate_sequences(data.batch(step)))
             seconds = time.perf_counter() - start
             rows.append((seconds, float(out[col.RESPONSE_MASK].sum()), float(out[col.ATTENTION_MASK].sum())))
     finally:
+        cpu.restore()
         groups.shutdown()
     seconds = statistics.median(r[0] for r in rows)
     response = statistics.median(r[1] / r[0] for r in rows)
+    shared = {"threads": statistics.median(threads)} if None not in threads else {}  # the share's, where it ran
     return {"sequences": len(out), "rollout_s": seconds, "response_tokens_per_s": response,
-            "tokens_per_s": statistics.median(r[2] / r[0] for r in rows)}
+            "tokens_per_s": statistics.median(r[2] / r[0] for r in rows), **shared}
 
 
 def bench_step(recipe: Recipe, steps: int, train: Callable[[Recipe, RunDir], None]) -> dict:
@@ -131,8 +145,10 @@ def bench_switch(recipe: Recipe, repeats: int) -> dict:
     (`PhaseSwitch.measure`: what the device holds in training, in rollout with the generator awake,
     in scoring with it asleep)."""
     groups, data = _actor(recipe)
+    cpu = _thread_share(recipe, groups)
     try:
         actor = groups["actor"]
+        cpu.before_step()
         batch = resolve(actor.generate_sequences(data.batch(1)))
         batch = batch | resolve(actor.compute_log_prob(batch))
 
@@ -140,6 +156,7 @@ def bench_switch(recipe: Recipe, repeats: int) -> dict:
         resolve(actor.update_actor(batch))
         rows = [actor.measure_switch() for _ in range(repeats)]
     finally:
+        cpu.restore()
         groups.shutdown()
     per_rank = [list(r) if isinstance(r, list) else [r] for r in rows]
     to_rollout = statistics.median(max(x["to_rollout_s"] for x in r) for r in per_rank)

@@ -2,6 +2,7 @@
 small model, the cores other processes left free otherwise, the user's OMP_NUM_THREADS untouched;
 the arithmetic on a written /proc/stat, and one real check beside spinning processes."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -159,3 +160,26 @@ def test_evaluation_generates_on_the_thread_share_and_gives_the_threads_back(tin
     scored = evaluate.evaluate_outcomes(recipe, None, step=0)
     assert seen == [1] and torch.get_num_threads() == 2
     assert len(next(iter(scored.values()))["accuracy"]) == 8  # every held-out prompt scored
+
+
+def test_bench_rollout_generates_on_the_thread_share_and_gives_the_threads_back(tiny_model, two_threads, monkeypatch):
+    """`hflow bench rollout` on a local CPU times its rollouts as a training step runs them: on the
+    model's share of the cores (the tiny model's: one thread), the process's own count afterwards."""
+    from hflow.engine.workers.actor import ActorWorker
+    from hflow.trainer.config.load import load_recipe
+    from hflow.trainer.work.bench import bench_rollout
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+    generate = ActorWorker.generate_sequences
+
+    @functools.wraps(generate)  # keeps its registration as a worker method
+    def spy(self, batch):
+        seen.append(torch.get_num_threads())
+        return generate(self, batch)
+
+    monkeypatch.setattr(ActorWorker, "generate_sequences", spy)
+    recipe, _ = load_recipe("grpo/quickstart", [f"model.path={tiny_model}", "model.init=null"])
+    measured = bench_rollout(recipe, repeats=2)
+    assert seen == [1, 1, 1] and measured["threads"] == 1  # the warm-up and both timed rollouts
+    assert torch.get_num_threads() == 2
