@@ -59,8 +59,9 @@ def _parameter_count(recipe: Recipe) -> int:
 def bench_rollout(recipe: Recipe, repeats: int) -> dict:
     """Generation alone: response tokens per second over `repeats` timed rollouts (after a warm-up)."""
     groups, data = _actor(recipe)
-    cpu = _thread_share(recipe, groups)
+    cpu = None
     try:
+        cpu = _thread_share(recipe, groups)
         actor = groups["actor"]
         cpu.before_step()
         resolve(actor.generate_sequences(data.batch(1)))
@@ -72,7 +73,8 @@ def bench_rollout(recipe: Recipe, repeats: int) -> dict:
             seconds = time.perf_counter() - start
             rows.append((seconds, float(out[col.RESPONSE_MASK].sum()), float(out[col.ATTENTION_MASK].sum())))
     finally:
-        cpu.restore()
+        if cpu is not None:
+            cpu.restore()
         groups.shutdown()
     seconds = statistics.median(r[0] for r in rows)
     response = statistics.median(r[1] / r[0] for r in rows)
@@ -145,8 +147,9 @@ def bench_switch(recipe: Recipe, repeats: int) -> dict:
     (`PhaseSwitch.measure`: what the device holds in training, in rollout with the generator awake,
     in scoring with it asleep)."""
     groups, data = _actor(recipe)
-    cpu = _thread_share(recipe, groups)
+    cpu = None
     try:
+        cpu = _thread_share(recipe, groups)
         actor = groups["actor"]
         cpu.before_step()
         batch = resolve(actor.generate_sequences(data.batch(1)))
@@ -156,7 +159,8 @@ def bench_switch(recipe: Recipe, repeats: int) -> dict:
         resolve(actor.update_actor(batch))
         rows = [actor.measure_switch() for _ in range(repeats)]
     finally:
-        cpu.restore()
+        if cpu is not None:
+            cpu.restore()
         groups.shutdown()
     per_rank = [list(r) if isinstance(r, list) else [r] for r in rows]
     to_rollout = statistics.median(max(x["to_rollout_s"] for x in r) for r in per_rank)
