@@ -12,6 +12,7 @@ from hflow.errors import RunFailed, UserError
 from hflow.trainer.api.resume import finished, resume_recipe, settable
 from hflow.trainer.config.load import load_recipe
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.model_folders import check_model_folders
 from hflow.trainer.control.preflight import check_runtime
 from hflow.trainer.rundir.layout import RECIPE
 from hflow.trainer.stop import is_stop, stop_exit_code, stop_message, stop_signals
@@ -44,7 +45,9 @@ def train(
         try:
             loaded, origin = _recipe(recipe, set_, resume)
             check_runtime(loaded, origin)
-            # torch and the rest load only now: a mistake in the recipe is reported in a fraction of a second.
+            check_model_folders(loaded)
+            # torch and the rest load only now: a mistake in the recipe or a model folder is reported in
+            # about a second.
             from hflow.trainer.api.launch import prepare
             from hflow.trainer.rundir.writer import RunDir
 

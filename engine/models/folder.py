@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from hflow.engine.models.safetensors_header import read_layout
+from hflow.errors import UserError
 
 ACCEPTED = ("a Hugging Face model folder: config.json with a model_type, tokenizer.json (or tokenizer_config.json "
             "with its vocabulary files), and model.safetensors, sharded *.safetensors with "
@@ -127,3 +128,24 @@ def hub_problem(repo: str) -> str | None:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return f"is not in the local Hugging Face cache and the hub cannot give it ({type(err).__name__}: {first})"
     return None
+
+
+def check_model_source(path: str, what: str, tokenizer: bool = True, model: bool = True) -> None:
+    """A missing or broken local directory is a user error naming `what` (the recipe key, when
+    known); a hub id is left to the hub's cache. `tokenizer`, `model`: whether the folder's own
+    tokenizer and model are read (see `folder.folder_problem`). `org/name` is a hub id unless
+    `org` is a folder here (`models/tiny-reward-digits` before `hflow init-model` made it)."""
+    p = Path(path)
+    looks_local = (p.is_absolute() or path.startswith((".", "~")) or p.exists() or path.count("/") != 1
+                   or Path(path.split("/")[0]).is_dir())
+    if looks_local and not p.is_dir():
+        raise UserError(
+            f"{what}: model path '{path}' does not exist"
+            + ("" if p.is_absolute() else f" (looked for {p.absolute()})")
+            + "; give a local Hugging Face model directory "
+            "(build a tiny one with `hflow init-model tiny DIR` or `hflow init-model tiny-reward DIR`, "
+            "or set `model.init: tiny`)"
+        )
+    problem = folder_problem(p, tokenizer, model) if looks_local else None
+    if problem:
+        raise UserError(f"{what}: model folder '{path}' {problem}; give {ACCEPTED}")

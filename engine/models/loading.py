@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 
 from hflow.engine.cpu_products import route_linears
-from hflow.engine.models.folder import ACCEPTED, folder_problem
+from hflow.engine.models.folder import check_model_source
 from hflow.engine.models.tiny_shapes import TINY_SHAPES
 from hflow.errors import UserError
 
@@ -98,27 +98,6 @@ def tiny_config(tokenizer, size: str = "tiny", **extra):
         eos_token_id=tokenizer.eos_token_id,
         **{"tie_word_embeddings": False, **extra},
     )
-
-
-def check_model_source(path: str, what: str, tokenizer: bool = True, model: bool = True) -> None:
-    """A missing or broken local directory is a user error naming `what` (the recipe key, when
-    known); a hub id is left to the hub's cache. `tokenizer`, `model`: whether the folder's own
-    tokenizer and model are read (see `folder.folder_problem`). `org/name` is a hub id unless
-    `org` is a folder here (`models/tiny-reward-digits` before `hflow init-model` made it)."""
-    p = Path(path)
-    looks_local = (p.is_absolute() or path.startswith((".", "~")) or p.exists() or path.count("/") != 1
-                   or Path(path.split("/")[0]).is_dir())
-    if looks_local and not p.is_dir():
-        raise UserError(
-            f"{what}: model path '{path}' does not exist"
-            + ("" if p.is_absolute() else f" (looked for {p.absolute()})")
-            + "; give a local Hugging Face model directory "
-            "(build a tiny one with `hflow init-model tiny DIR` or `hflow init-model tiny-reward DIR`, "
-            "or set `model.init: tiny`)"
-        )
-    problem = folder_problem(p, tokenizer, model) if looks_local else None
-    if problem:
-        raise UserError(f"{what}: model folder '{path}' {problem}; give {ACCEPTED}")
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):

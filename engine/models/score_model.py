@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from hflow.engine.cpu_products import route_linears
-from hflow.engine.models.loading import check_model_source
+from hflow.engine.models.folder import check_model_source
 from hflow.errors import UserError
 
 

@@ -1,7 +1,7 @@
 """The recipe's inputs on disk, checked before a run directory is made for them.
 
 `hflow train` and `hflow validate` call `check_inputs`: every local model folder the roles
-load (`engine/models/folder.py`: config, tokenizer, weight headers), the LoRA target modules
+load (`model_folders.py`, which the commands also call before torch loads), the LoRA target modules
 against the model's layers, the sandbox of an environment that runs model-written code
 (`tools.sandbox`), and every row of the prompt files (`trainer/data/row_checks.py`). Each
 takes well under a second; nothing is loaded into a model or tokenizer.
@@ -14,14 +14,13 @@ import logging
 from pathlib import Path
 
 from hflow.engine import columns as col
-from hflow.engine.models.folder import hub_problem
-from hflow.engine.models.loading import check_model_source
 from hflow.engine.models.lora import check_folder_targets
 from hflow.engine.rollout import code_tool
 from hflow.engine.rollout.code_tool import UNSANDBOXED_WARNING, SandboxSettings, env_runs_code
 from hflow.engine.rollout.environment import load_env_class
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
+from hflow.trainer.control.model_folders import check_model_folders
 from hflow.trainer.data.eval_sets import read_set_rows
 from hflow.trainer.data.prompts import read_eval_rows, read_rows
 from hflow.trainer.data.rewards import load_reward_fn
@@ -29,21 +28,12 @@ from hflow.trainer.reward_defaults import BUILTIN_NAMES
 
 log = logging.getLogger("hflow.sandbox")
 
-# Roles whose workers load their own folder's tokenizer (workers/actor.py, workers/reward.py);
-# the reference and the critics read the actor's token ids.
-OWN_TOKENIZER = ("actor", "reward", "cost")
 
 
 def check_inputs(recipe: Recipe) -> None:
     """Stop with one line (a UserError) on a missing or broken model folder or prompt file."""
-    for role, (key, path) in recipe.role_model_keys().items():
-        if recipe.model.init and path == recipe.model.path and not Path(path).exists():
-            continue  # `hflow train` builds it (model.init)
-        check_model_source(path, key, tokenizer=role in OWN_TOKENIZER)
-        if not Path(path).exists() and (problem := hub_problem(path)):
-            raise UserError(f"{key}: '{path}' {problem}; give a local model folder (`hflow init-model "
-                            "smollm2-135m-instruct DIR` builds one offline), or download it first where there is a "
-                            "network (`huggingface-cli download ID`)")
+    check_model_folders(recipe)
+    for role, (_, path) in recipe.role_model_keys().items():
         _check_lora_targets(recipe, role, path)
     if recipe.rollout.env:
         env_cls = load_env_class(recipe.rollout.env)  # a bad import path stops here, before any worker starts

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from hflow.engine.models.folder import folder_problem, safetensors_problem
-from hflow.engine.models.loading import check_model_source
+from hflow.engine.models.folder import check_model_source
 from hflow.errors import UserError
 
 
