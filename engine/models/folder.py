@@ -133,7 +133,7 @@ def hub_problem(repo: str) -> str | None:
 def check_model_source(path: str, what: str, tokenizer: bool = True, model: bool = True) -> None:
     """A missing or broken local directory is a user error naming `what` (the recipe key, when
     known); a hub id is left to the hub's cache. `tokenizer`, `model`: whether the folder's own
-    tokenizer and model are read (see `folder.folder_problem`). `org/name` is a hub id unless
+    tokenizer and model are read (see `folder_problem`). `org/name` is a hub id unless
     `org` is a folder here (`models/tiny-reward-digits` before `hflow init-model` made it)."""
     p = Path(path)
     looks_local = (p.is_absolute() or path.startswith((".", "~")) or p.exists() or path.count("/") != 1
