@@ -190,7 +190,7 @@ def evaluate_outcomes(recipe: Recipe, checkpoint: str | None, step: int) -> dict
     try:
         # As a training run's steps: on a local CPU run the threads the cores other processes leave
         # free (measured while the models load), so that the threads' spin costs no one a slice.
-        cpu = share_for(recipe, on=groups.backend == "local" and device.type == "cpu")
+        cpu = share_for(recipe, groups.backend, device)
         groups["actor"].init_model(checkpoint=f"{checkpoint}/actor" if checkpoint else None)
         groups["reward"].init_model()
         cpu.before_step()

@@ -29,7 +29,6 @@ from hflow.trainer.reward_defaults import BUILTIN_NAMES
 log = logging.getLogger("hflow.sandbox")
 
 
-
 def check_inputs(recipe: Recipe) -> None:
     """Stop with one line (a UserError) on a missing or broken model folder or prompt file."""
     check_model_folders(recipe)

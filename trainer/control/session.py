@@ -62,9 +62,7 @@ class Session:
         except BaseException:
             self._restore_products()  # no run: the process's environment as it was
             raise
-        # Only where the workers compute in this process: a local run on the CPU.
-        local_cpu = self.groups.backend == "local" and self.device.type == "cpu"
-        self.cpu = share_for(recipe, on=local_cpu,
+        self.cpu = share_for(recipe, self.groups.backend, self.device,
                              compute_threads=2 if recipe.trainer.mode == "async" else 1)  # + generator thread
         self.cpu_metrics: dict[str, float] = {}
         self.timings: dict[str, float] = {}

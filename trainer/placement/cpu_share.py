@@ -112,14 +112,15 @@ class CpuShare:
         return busy / os.sysconf("SC_CLK_TCK"), self._own(), self._wall()
 
 
-def share_for(recipe: Recipe, on: bool, compute_threads: int = 1) -> CpuShare:
-    """A `CpuShare` for a recipe's actor: its parameter count read from its config (None where the
-    shape is not known)."""
+def share_for(recipe: Recipe, backend: str, device: torch.device, compute_threads: int = 1) -> CpuShare:
+    """A `CpuShare` for a recipe's actor (its parameter count read from its config; None where the
+    shape is not known), on only where the workers compute in this process: the local `backend`
+    on a CPU `device`."""
     try:
         params = resolve_model(recipe.model.path, init=recipe.model.init).params()
     except UserError:
         params = None
-    return CpuShare(params, on=on, compute_threads=compute_threads)
+    return CpuShare(params, on=backend == "local" and device.type == "cpu", compute_threads=compute_threads)
 
 
 def _others_cores(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:

@@ -20,7 +20,7 @@ from hflow.engine.groups.worker import resolve
 from hflow.engine.models.loading import load_tokenizer
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.work.bench_account import account, matmul_rate
-from hflow.trainer.placement.cpu_share import CpuShare, share_for
+from hflow.trainer.placement.cpu_share import share_for
 from hflow.trainer.placement.worker_groups import build_worker_groups
 from hflow.trainer.data.prompts import PromptData
 from hflow.trainer.rundir.writer import RunDir
@@ -33,14 +33,6 @@ def _actor(recipe: Recipe):
     data = PromptData(recipe.data, load_tokenizer(recipe.model.path, recipe.model.trust_remote_code),
                       recipe.seed, recipe.trainer.prompts_per_step)
     return groups, data
-
-
-def _thread_share(recipe: Recipe, groups) -> CpuShare:
-    """As a training run's steps (`control/session.py`): on a local CPU run, the threads the cores
-    other processes leave free, chosen before each timed call (`before_step`). Without it the
-    calls ran on torch's fixed count with libgomp's long spin, which costs most beside a busy
-    process (docs/benchmarks.md, "The spin follows the thread share")."""
-    return share_for(recipe, on=groups.backend == "local" and pick_device(recipe.trainer.device).type == "cpu")
 
 
 def _parameter_count(recipe: Recipe) -> int:
@@ -57,11 +49,13 @@ def _parameter_count(recipe: Recipe) -> int:
 
 
 def bench_rollout(recipe: Recipe, repeats: int) -> dict:
-    """Generation alone: response tokens per second over `repeats` timed rollouts (after a warm-up)."""
+    """Generation alone: response tokens per second over `repeats` timed rollouts (after a warm-up),
+    each on the thread share a training step would take (`cpu_share.py`; on torch's fixed count with
+    libgomp's long spin they cost most beside a busy process)."""
     groups, data = _actor(recipe)
     cpu = None
     try:
-        cpu = _thread_share(recipe, groups)
+        cpu = share_for(recipe, groups.backend, pick_device(recipe.trainer.device))
         actor = groups["actor"]
         cpu.before_step()
         resolve(actor.generate_sequences(data.batch(1)))
@@ -149,7 +143,7 @@ def bench_switch(recipe: Recipe, repeats: int) -> dict:
     groups, data = _actor(recipe)
     cpu = None
     try:
-        cpu = _thread_share(recipe, groups)
+        cpu = share_for(recipe, groups.backend, pick_device(recipe.trainer.device))  # as `bench_rollout`
         actor = groups["actor"]
         cpu.before_step()
         batch = resolve(actor.generate_sequences(data.batch(1)))
