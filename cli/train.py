@@ -12,7 +12,6 @@ from hflow.errors import RunFailed, UserError
 from hflow.trainer.api.resume import finished, resume_recipe, settable
 from hflow.trainer.config.load import load_recipe
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.control.model_folders import check_model_folders
 from hflow.trainer.control.preflight import check_runtime
 from hflow.trainer.rundir.layout import RECIPE
 from hflow.trainer.stop import is_stop, stop_exit_code, stop_message, stop_signals
@@ -45,13 +44,15 @@ def train(
         try:
             loaded, origin = _recipe(recipe, set_, resume)
             check_runtime(loaded, origin)
-            check_model_folders(loaded)
-            # torch and the rest load only now: a mistake in the recipe or a model folder is reported in
-            # about a second.
+            from hflow.trainer.control.inputs import check_inputs
+
+            check_inputs(loaded)
+            # torch and the rest load only now: a mistake in the recipe, a model folder or a data row is
+            # reported in about a second.
             from hflow.trainer.api.launch import prepare
             from hflow.trainer.rundir.writer import RunDir
 
-            algorithm, loaded = prepare(loaded, output_dir, resume=resume is not None)
+            algorithm, loaded = prepare(loaded, output_dir, resume=resume is not None, checked=True)
             run = RunDir.reopen(resume, loaded) if resume is not None else RunDir.create(loaded, output_dir)
             run.ray_address = ray_address
             typer.echo(f"run directory: {run.path}", err=True)

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from hflow.trainer.config.load import load_recipe
-from hflow.trainer.control.model_folders import check_model_folders
 from hflow.trainer.control.preflight import check_runtime
 
 
@@ -24,8 +23,7 @@ def validate(
     loaded, path = load_recipe(recipe, set_)
     check_runtime(loaded, str(path))
     if inputs:
-        check_model_folders(loaded)  # before torch loads: the commonest mistake is reported at once
-        from hflow.trainer.control.inputs import check_inputs  # torch: only once the recipe is right
+        from hflow.trainer.control.inputs import check_inputs
 
-        check_inputs(loaded)
+        check_inputs(loaded)  # before torch loads (a recipe with LoRA targets loads it to check them)
     typer.echo(f"ok: {path} ({loaded.algorithm}, model {loaded.model.path})")

@@ -17,19 +17,23 @@ from hflow.trainer.rundir.writer import RunDir
 from hflow.trainer.stop import is_stop
 
 
-def prepare(recipe: Recipe, output_dir: Path | None, resume: bool = False) -> tuple[Callable, Recipe]:
+def prepare(recipe: Recipe, output_dir: Path | None, resume: bool = False,
+            checked: bool = False) -> tuple[Callable, Recipe]:
     """The algorithm's program and the recipe to run (`check_runtime` passed already): the tiny
-    model built when `model.init` asks, every input checked (`control/inputs.py`), the device
-    checked, and, for a new run, every local path made absolute (a resume from anywhere reads
-    the same files) and `output_dir` recorded."""
+    model built when `model.init` asks, every input checked (`control/inputs.py`; `checked`: the
+    caller checked them, as `hflow train` does before torch loads, and they are checked again only
+    when the tiny model was built now), the device checked, and, for a new run, every local path
+    made absolute (a resume from anywhere reads the same files) and `output_dir` recorded."""
     from hflow.engine.models.loading import build_tiny_model
     from hflow.trainer.algorithms.registry import trainer_for
     from hflow.trainer.control.inputs import check_inputs
 
     algorithm = trainer_for(recipe.algorithm)
-    if recipe.model.init and not Path(recipe.model.path).exists():
+    built = bool(recipe.model.init) and not Path(recipe.model.path).exists()
+    if built:
         build_tiny_model(recipe.model.path, recipe.model.init, recipe.seed)
-    check_inputs(recipe)  # before a run directory is made for them
+    if built or not checked:
+        check_inputs(recipe)  # before a run directory is made for them
     _check_device(recipe)
     _note_slow_bf16(recipe)
     if not resume:

@@ -45,7 +45,8 @@ from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.episode_stats import episode_metrics
 from hflow.trainer.data.answers import is_right
 from hflow.trainer.data.eval_sets import read_set_rows
-from hflow.trainer.data.prompts import encode_rows, read_eval_rows
+from hflow.trainer.data.prompts import encode_rows
+from hflow.trainer.data.rows import read_eval_rows
 from hflow.trainer.placement.cpu_share import share_for
 from hflow.trainer.placement.worker_groups import build_worker_groups
 

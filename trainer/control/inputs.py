@@ -1,10 +1,11 @@
 """The recipe's inputs on disk, checked before a run directory is made for them.
 
-`hflow train` and `hflow validate` call `check_inputs`: every local model folder the roles
-load (`model_folders.py`, which the commands also call before torch loads), the LoRA target modules
-against the model's layers, the sandbox of an environment that runs model-written code
-(`tools.sandbox`), and every row of the prompt files (`trainer/data/row_checks.py`). Each
-takes well under a second; nothing is loaded into a model or tokenizer.
+`hflow train` and `hflow validate` call `check_inputs` before torch loads: every local model folder
+the roles load (`model_folders.py`), the LoRA target modules against the model's layers (the one
+check that loads torch and transformers, and only for a recipe with LoRA), the sandbox of an
+environment that runs model-written code (`tools.sandbox`), and every row of the prompt files
+(`trainer/data/rows.py`, `row_checks.py`). A mistake in any of them is one line in about a second;
+nothing is loaded into a model or tokenizer. `launch.prepare` calls it too (the Python API).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import logging
 from pathlib import Path
 
 from hflow.engine import columns as col
-from hflow.engine.models.lora import check_folder_targets
 from hflow.engine.rollout import code_tool
 from hflow.engine.rollout.code_tool import UNSANDBOXED_WARNING, SandboxSettings, env_runs_code
 from hflow.engine.rollout.environment import load_env_class
@@ -22,7 +22,7 @@ from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.control.model_folders import check_model_folders
 from hflow.trainer.data.eval_sets import read_set_rows
-from hflow.trainer.data.prompts import read_eval_rows, read_rows
+from hflow.trainer.data.rows import read_eval_rows, read_rows
 from hflow.trainer.data.rewards import load_reward_fn
 from hflow.trainer.reward_defaults import BUILTIN_NAMES
 
@@ -87,6 +87,8 @@ def _check_lora_targets(recipe: Recipe, role: str, path: str) -> None:
     lora = getattr(recipe, section).lora if section else None
     if lora is None or not Path(path, "config.json").is_file():
         return
+    from hflow.engine.models.lora import check_folder_targets  # torch and transformers: only with LoRA
+
     targets = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
     check_folder_targets(path, targets, section, causal_lm=role == "actor",
                          trust_remote_code=recipe.model.trust_remote_code)

@@ -4,8 +4,8 @@ A missing or broken model folder is the commonest mistake in a recipe. `hflow tr
 validate` check every local folder the roles load (`engine/models/folder.py`: config, tokenizer,
 weight headers) and every hub id against the local cache or the hub, with nothing heavier than
 json imported, so the error line comes in about a second instead of after torch and transformers
-have loaded (6.6 s on the 2-core development machine for a mistyped `model.path`). The rest of the
-inputs (`inputs.py`: LoRA targets, prompt files, scoring functions) need torch and are checked after.
+have loaded (6.6 s on the 2-core development machine for a mistyped `model.path`). `inputs.py`
+checks the rest of the inputs (prompt files, scoring functions, LoRA targets) after it.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from hflow.engine import columns as col
 from hflow.errors import UserError
 from hflow.trainer.config.eval_section import EvalSet
 from hflow.trainer.data import tasks
-from hflow.trainer.data.prompts import SYNTHETIC_EVAL_SIZE, read_table, synthetic_task
+from hflow.trainer.data.rows import SYNTHETIC_EVAL_SIZE, read_table, synthetic_task
 from hflow.trainer.data.row_checks import check_rows
 
 

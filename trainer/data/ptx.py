@@ -16,7 +16,7 @@ from hflow.engine.models.loading import load_tokenizer
 from hflow.engine.seeding import stream_seed
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
-from hflow.trainer.data.prompts import read_table
+from hflow.trainer.data.rows import read_table
 
 
 class PtxData:

@@ -19,7 +19,7 @@ from hflow.trainer.control.evaluate import HeldOut, Evaluator, cut_off
 from hflow.trainer.data import tasks
 from hflow.trainer.data.answers import extract, is_right, same_answer
 from hflow.trainer.data.eval_sets import read_set_rows, template_fields
-from hflow.trainer.data.prompts import read_rows
+from hflow.trainer.data.rows import read_rows
 from hflow.trainer.report.intervals import interval, paired_difference, wilson
 
 

@@ -9,7 +9,7 @@ import torch
 
 from hflow.errors import UserError
 from hflow.trainer.data import rewards, tasks
-from hflow.trainer.data.prompts import read_eval_rows
+from hflow.trainer.data.rows import read_eval_rows
 from hflow.trainer.control.evaluate import eval_metrics
 from hflow.trainer.config.sections import DataConfig
 

@@ -11,7 +11,8 @@ import pytest
 from hflow.engine.models.loading import TINY_CHARS, build_tiny_tokenizer
 from hflow.errors import UserError
 from hflow.trainer.config.load import build_recipe
-from hflow.trainer.data.prompts import PromptData, read_table
+from hflow.trainer.data.prompts import PromptData
+from hflow.trainer.data.rows import read_table
 
 PROMPTS = [f"prompt {c}" for c in "abcdefghij"]  # 10 distinct prompts
 
