@@ -8,6 +8,7 @@ so the same checkpoint serves every ZeRO stage and data-parallel size.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -279,22 +280,26 @@ class TrainEngine:
                      "scheduler": _jsonable(self.scheduler.state_dict())}
             (directory / "engine.json").write_text(json.dumps(state))
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, moments: bool = True) -> None:
         """Restore what `save` wrote into this already-initialised engine: the fp32 masters and
-        moments, then the module's own (bf16) weights from the masters."""
+        Adam's moments, then the module's own (bf16) weights from the masters. Without `moments`
+        (an evaluation, which takes no step) the moments are neither read nor allocated: the memory
+        of twice the fp32 weights stays free."""
         from safetensors import safe_open
 
         state = json.loads((directory / "engine.json").read_text())
         self.updates = state["updates"]
-        self.master.create_moments()
+        if moments:
+            self.master.create_moments()
         with safe_open(directory / "weights.safetensors", "pt") as weights, \
-                safe_open(directory / "optimizer.safetensors", "pt") as moments:
+                (safe_open(directory / "optimizer.safetensors", "pt") if moments else contextlib.nullcontext()) as saved:
             for name, param in self._named_params():
                 self.master.set(param, "param", weights.get_tensor(name))
-                for key in MOMENTS:
-                    self.master.set(param, key, moments.get_tensor(f"{key}/{name}"))
+                for key in MOMENTS if saved else ():
+                    self.master.set(param, key, saved.get_tensor(f"{key}/{name}"))
         self.master.refresh_weights()
-        self.master.set_step(state.get("adam_step") or self.updates)
+        if moments:
+            self.master.set_step(state.get("adam_step") or self.updates)
         scheduler_state = {**state["scheduler"], "lr_lambdas": [None] * len(self.optimizer.param_groups)}
         self.scheduler.load_state_dict(scheduler_state)
         # The optimizer applies the LR it holds at the next step: set it to the schedule's.

@@ -62,8 +62,9 @@ class ActorWorker(Worker):
         self.episodes = None  # the multi-turn runner, with `rollout.env`
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self, checkpoint: str | None = None) -> None:
-        """Load the policy, wrap it in DeepSpeed, and restore `checkpoint` when resuming."""
+    def init_model(self, checkpoint: str | None = None, weights_only: bool = False) -> None:
+        """Load the policy, wrap it in DeepSpeed, and restore `checkpoint` when resuming (`weights_only`:
+        its weights alone, for an evaluation: no optimizer state is read or allocated)."""
         s, m, o = self.spec, self.spec.model, self.spec.optim
         ensure_process_group(self.device, self.rank, self.world_size)
         dtype = resolve_dtype(m.dtype, self.device)
@@ -88,7 +89,7 @@ class ActorWorker(Worker):
             model.gradient_checkpointing_enable()
         self.train_engine = TrainEngine.for_role(model, o, self.world_size, self.device, dtype)
         if checkpoint:
-            self.train_engine.load(Path(checkpoint))
+            self.train_engine.load(Path(checkpoint), moments=not weights_only)
         if rollout_engine is None and o.zero_stage == 3:
             # ZeRO-3: whole weights for the rollout, gathered once per switch (`gathered_generator.py`).
             rollout_engine = GatheredGenerator(self.train_engine.module, self.device, dtype, eos,
