@@ -291,8 +291,9 @@ class TrainEngine:
         self.updates = state["updates"]
         if moments:
             self.master.create_moments()
+        optimizer_file = directory / "optimizer.safetensors"
         with safe_open(directory / "weights.safetensors", "pt") as weights, \
-                (safe_open(directory / "optimizer.safetensors", "pt") if moments else contextlib.nullcontext()) as saved:
+                (safe_open(optimizer_file, "pt") if moments else contextlib.nullcontext()) as saved:
             for name, param in self._named_params():
                 self.master.set(param, "param", weights.get_tensor(name))
                 for key in MOMENTS if saved else ():
