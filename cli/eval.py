@@ -49,9 +49,10 @@ def eval_(
 
 def _print_alone(loaded, origin: str, checkpoint: Path | None) -> None:
     from hflow.trainer.api.evaluation import outcomes_of
-    from hflow.trainer.report.intervals import interval
 
     outcomes, _ = outcomes_of(loaded, origin, checkpoint, HOW_TO_SET)
+    from hflow.trainer.report.intervals import interval  # torch: once the inputs are checked
+
     for prefix, metrics in outcomes.items():
         for name, values in metrics.items():
             line = f"{prefix}{name} {float(values.float().mean()):.4f}"

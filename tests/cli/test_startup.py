@@ -59,3 +59,18 @@ def test_a_broken_data_row_and_a_missing_reward_module_are_answered_before_torch
         assert words in result.stderr, result.stderr
         assert "torch loaded: False transformers loaded: False" in result.stderr, result.stderr
     assert not (tmp_path / "runs").exists()  # nothing made for a run that cannot start
+
+
+def test_eval_answers_a_wrong_checkpoint_model_folder_or_eval_row_before_torch_loads(tmp_path, tiny_model):
+    rows = tmp_path / "eval.jsonl"
+    rows.write_text('{"prompt": "write digits: "}\n')
+    base = ["eval", "grpo/quickstart", "--set", f"model.path={tiny_model}"]
+    not_a_checkpoint = [*base, "--set", "data.eval=synthetic:digits", "--checkpoint", str(tmp_path)]
+    for args, words in ((not_a_checkpoint, "not a checkpoint"),
+                        ([*base, "--set", f"data.eval={rows}"], f"data.eval '{rows}': row 1 has no column 'task'"),
+                        (["eval", "grpo/quickstart", "--set", "data.eval=synthetic:digits", "--set", "model.init=null",
+                          "--set", f"model.path={tmp_path / 'gone'}", "--compare", "base"], "does not exist")):
+        result = _run(*args)
+        assert result.returncode == 2, result.stderr
+        assert words in result.stderr, result.stderr
+        assert "torch loaded: False transformers loaded: False" in result.stderr, result.stderr

@@ -73,10 +73,10 @@ def compare(recipe: str | Path | dict, a: str | Path | None, b: str | Path | Non
 
 
 def compare_loaded(loaded: Recipe, origin: str, a, b, how_to_set: str) -> list[Comparison]:
-    from hflow.trainer.report.intervals import interval, paired_difference
-
     first, step = _outcomes(loaded.model_copy(deep=True), origin, a, how_to_set, None)
     second, _ = _outcomes(loaded.model_copy(deep=True), origin, b, how_to_set, step)
+    from hflow.trainer.report.intervals import interval, paired_difference  # torch: loaded by now
+
     rows = []
     for prefix, values in first.items():
         for name, x in values.items():
@@ -92,19 +92,20 @@ def compare_loaded(loaded: Recipe, origin: str, a, b, how_to_set: str) -> list[C
 def _outcomes(loaded: Recipe, origin: str, checkpoint, how_to_set: str, step: int | None) -> tuple[dict, int]:
     """(the per-prompt outcomes of `checkpoint`, the step whose eval seeds drew them: its own, or
     `step` when given, so that a comparison's two sides draw alike)."""
-    from hflow.trainer.control.evaluate import evaluate_outcomes
+    from hflow.trainer.control.inputs import check_eval_inputs
 
     if not (loaded.data.eval or loaded.eval.sets):
         raise UserError(f"{origin}: data.eval is not set and eval.sets is empty; give the eval prompts, e.g. "
                         f"{how_to_set} or a .jsonl file")
     check_runtime(loaded, origin, roles=["actor", "reward"])  # what evaluate_outcomes starts
-    if checkpoint in (None, BASE):
-        ckpt, own_step = None, 0
-        if loaded.model.init and not Path(loaded.model.path).exists():  # as `hflow train` builds it
-            from hflow.engine.models.loading import build_tiny_model
+    ckpt, own_step = (None, 0) if checkpoint in (None, BASE) else checkpoint_source(Path(checkpoint), loaded)
+    check_eval_inputs(loaded)
+    # torch and the rest load only now: a wrong checkpoint, model folder or eval row is one line in about a second.
+    from hflow.trainer.control.evaluate import evaluate_outcomes
 
-            build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)
-    else:
-        ckpt, own_step = checkpoint_source(Path(checkpoint), loaded)
+    if ckpt is None and loaded.model.init and not Path(loaded.model.path).exists():  # as `hflow train` builds it
+        from hflow.engine.models.loading import build_tiny_model
+
+        build_tiny_model(loaded.model.path, loaded.model.init, loaded.seed)
     used = own_step if step is None else step
     return evaluate_outcomes(loaded, ckpt, used), used

@@ -6,6 +6,7 @@ check that loads torch and transformers, and only for a recipe with LoRA), the s
 environment that runs model-written code (`tools.sandbox`), and every row of the prompt files
 (`trainer/data/rows.py`, `row_checks.py`). A mistake in any of them is one line in about a second;
 nothing is loaded into a model or tokenizer. `launch.prepare` calls it too (the Python API).
+`hflow eval` checks what it reads the same way (`check_eval_inputs`).
 """
 
 from __future__ import annotations
@@ -39,21 +40,37 @@ def check_inputs(recipe: Recipe) -> None:
         _check_code_sandbox(recipe, env_cls)
     rows = read_rows(recipe.data, recipe.seed, scoring_functions(recipe))
     _check_callable_on(recipe, rows[0])
+    _check_eval_rows(recipe)
+
+
+def check_eval_inputs(recipe: Recipe) -> None:
+    """What `hflow eval` reads, checked as `check_inputs` checks it, before torch loads: the actor's
+    and the reward's model folders, and the rows of `data.eval` and `eval.sets` with the reward
+    function that scores them."""
+    check_model_folders(recipe, roles=("actor", "reward"))
+    rows = _check_eval_rows(recipe)
+    if recipe.data.eval:  # its rows come first; the sets' may be scored by extraction instead
+        _check_callable_on(recipe, rows[0], keys=("reward.function",))
+
+
+def _check_eval_rows(recipe: Recipe) -> list[dict]:
+    """The held-out rows (`data.eval`'s, then each of `eval.sets`'), each checked for the columns
+    the reward function reads."""
     reward = scoring_functions(recipe).get("reward.function")
-    if recipe.data.eval:
-        read_eval_rows(recipe.data, reward, recipe.seed)
+    rows = read_eval_rows(recipe.data, reward, recipe.seed) if recipe.data.eval else []
     for held_out in recipe.eval.sets:
-        read_set_rows(held_out, reward, recipe.seed)
+        rows += read_set_rows(held_out, reward, recipe.seed)
+    return rows
 
 
-def _check_callable_on(recipe: Recipe, row: dict) -> None:
-    """Each scoring function the recipe names as module:function imported now (a misspelt module
+def _check_callable_on(recipe: Recipe, row: dict, keys: tuple[str, ...] | None = None) -> None:
+    """Each scoring function the recipe names as module:function (of `keys`, when given) imported now (a misspelt module
     or function stops here, not in a worker) and checked to accept fn(prompts, responses,
     **columns) with the data's columns (a function without **kwargs that does not name every
     column would fail at the first step)."""
     columns = sorted(k for k in row if k != col.PROMPT)
     for key, spec in scoring_functions(recipe).items():
-        if spec in BUILTIN_NAMES:
+        if spec in BUILTIN_NAMES or (keys is not None and key not in keys):
             continue
         fn = load_reward_fn(spec, key)
         try:

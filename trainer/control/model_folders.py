@@ -21,10 +21,12 @@ from hflow.trainer.config.recipe import Recipe
 OWN_TOKENIZER = ("actor", "reward", "cost")
 
 
-def check_model_folders(recipe: Recipe) -> None:
+def check_model_folders(recipe: Recipe, roles: tuple[str, ...] | None = None) -> None:
     """Stop with one line (a UserError) on a missing or broken model folder, or a hub id that cannot
-    be loaded now."""
+    be loaded now, of every role the recipe runs (or of `roles` among them)."""
     for role, (key, path) in recipe.role_model_keys().items():
+        if roles is not None and role not in roles:
+            continue
         if recipe.model.init and path == recipe.model.path and not Path(path).exists():
             continue  # `hflow train` builds it (model.init)
         check_model_source(path, key, tokenizer=role in OWN_TOKENIZER)
