@@ -71,16 +71,15 @@ def test_resume_with_eval_is_exact(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
-def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model):
+def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model, capsys):
     # Sampled (temperature 1, n=2), so the scores are not all 1.0: the eval seed stream is the step's.
     sampled = [*EVAL, "--set", "trainer.eval_every=2"]
     run = _train(tmp_path, tiny_model, "run", *sampled)
     logged = {e["step"]: e for e in read_events(run)}
     recipe = str(run / "recipe.yaml")
     checkpoints = run / "checkpoints"
-    # the run folder itself stands for its final model
-    for directory, step in ((checkpoints / "step_000002", 2), (checkpoints / "step_000004", 4), (run / "final", 4),
-                            (run, 4)):
+    # A run's checkpoint, and the run folder, which stands for its final model (a model directory).
+    for directory, step in ((checkpoints / "step_000002", 2), (run, 4)):
         result = run_hflow("eval", recipe, "--checkpoint", str(directory), cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         printed = _printed(result.stdout)
@@ -89,18 +88,34 @@ def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model
         for key in printed:
             assert float(printed[key]) == pytest.approx(logged[step][key], abs=1e-4), (directory, key)
     assert logged[2]["eval/reward"] != logged[4]["eval/reward"]  # the comparison can tell policies apart
-    # a run folder without final/ (stopped early) stands for its newest whole checkpoint
-    (run / "final").rename(tmp_path / "final-elsewhere")
-    result = run_hflow("eval", recipe, "--checkpoint", str(run), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"evaluating {checkpoints / 'step_000004'}" in result.stderr
-    assert _printed(result.stdout)["eval/reward"] == pytest.approx(logged[4]["eval/reward"], abs=1e-4)
+    _check_what_each_directory_stands_for(run, capsys)
     # no checkpoint: the base model, with the seeds of training's step-0 evaluation
     result = run_hflow("eval", recipe, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     for key, value in _printed(result.stdout).items():
         assert value == pytest.approx(logged[0][key], abs=1e-4), key
     _compare_final_with_base(tmp_path, recipe, checkpoints / "step_000004", logged)
+
+
+def _check_what_each_directory_stands_for(run: Path, capsys) -> None:
+    """What `--checkpoint DIR` scores (`checkpoint_source`: a checkpoint's actor weights with its own
+    step's seeds, or a model directory as model.path with the last step's), for the directories the
+    command ran on above and the rest: a checkpoint, the final model, the run folder with and without
+    final/ (a run stopped early stands for its newest whole checkpoint)."""
+    from hflow.trainer.api.checkpoint import checkpoint_source
+    from hflow.trainer.config.load import load_recipe
+
+    step_4, final = run / "checkpoints" / "step_000004", run / "final"
+    for directory, want in ((step_4, (str(step_4), 4)), (final, (None, 4)), (run, (None, 4))):
+        recipe, _ = load_recipe(str(run / "recipe.yaml"), [])
+        own_model = recipe.model.path
+        assert checkpoint_source(directory, recipe) == want, directory
+        assert recipe.model.path == (own_model if want[0] else str(final)), directory
+    assert f"evaluating {final}" in capsys.readouterr().err
+    final.rename(run.parent / "final-elsewhere")
+    recipe, _ = load_recipe(str(run / "recipe.yaml"), [])
+    assert checkpoint_source(run, recipe) == (str(step_4), 4)
+    assert f"evaluating {step_4}" in capsys.readouterr().err
 
 
 def _printed(stdout: str) -> dict[str, float]:
