@@ -1,7 +1,7 @@
 """The rows of a data set: a JSONL or parquet file, or a built-in synthetic task, read and checked.
 
-Nothing here imports torch: `hflow train` and `hflow validate` read and check every row
-(`row_checks.py`) before the heavy libraries load, so a missing column or a broken line is one
+Nothing here imports torch: `hflow train`, `validate` and `eval` read and check every row they
+use (`row_checks.py`) before the heavy libraries load, so a missing column or a broken line is one
 error line in about a second. `prompts.py` tokenizes the rows and serves them step by step.
 """
 
