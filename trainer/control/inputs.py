@@ -64,10 +64,10 @@ def _check_eval_rows(recipe: Recipe) -> list[dict]:
 
 
 def _check_callable_on(recipe: Recipe, row: dict, keys: tuple[str, ...] | None = None) -> None:
-    """Each scoring function the recipe names as module:function (of `keys`, when given) imported now (a misspelt module
-    or function stops here, not in a worker) and checked to accept fn(prompts, responses,
-    **columns) with the data's columns (a function without **kwargs that does not name every
-    column would fail at the first step)."""
+    """Each scoring function the recipe names as module:function (of `keys`, when given) imported
+    now (a misspelt module or function stops here, not in a worker) and checked to accept
+    fn(prompts, responses, **columns) with the data's columns (a function without **kwargs that
+    does not name every column would fail at the first step)."""
     columns = sorted(k for k in row if k != col.PROMPT)
     for key, spec in scoring_functions(recipe).items():
         if spec in BUILTIN_NAMES or (keys is not None and key not in keys):

@@ -7,8 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hflow.engine.models.folder import folder_problem, safetensors_problem
-from hflow.engine.models.folder import check_model_source
+from hflow.engine.models.folder import check_model_source, folder_problem, safetensors_problem
 from hflow.errors import UserError
 
 
