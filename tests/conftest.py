@@ -55,6 +55,14 @@ def pytest_terminal_summary(terminalreporter):
 DURATIONS = Path(__file__).with_name("durations.json")  # the slowest tests' seconds, from a measured run
 
 
+def pytest_collection_finish(session):
+    """The environment `hflow train` and `hflow eval` start from (tests/zygote.py): the session's,
+    with what the test modules' imports added (opencv's library path, Ray's client mode)."""
+    import zygote
+
+    zygote.BASE = dict(os.environ)
+
+
 def pytest_collection_modifyitems(config, items):
     longest_first(items)
     if torch.cuda.is_available():

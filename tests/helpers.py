@@ -9,11 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import zygote
+
 
 def run_hflow(*args: str, cwd: Path | None = None, env: dict | None = None,
               timeout: float = 600) -> subprocess.CompletedProcess:
-    """The real `hflow` command in a fresh process (exit codes, stdout, stderr as a user sees them)."""
+    """The real `hflow` command in a process of its own (exit codes, stdout, stderr as a user sees
+    them): `hflow train` and `hflow eval` forked from a process that has imported torch already
+    (`zygote.py`), every other command, or one with start-up settings of its own, a fresh one."""
     full_env = {**os.environ, **(env or {})}
+    if zygote.BASE is not None and zygote.shared().takes(args, full_env):
+        return zygote.shared().run(args, cwd, full_env, timeout)
     return subprocess.run([sys.executable, "-m", "hflow", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
