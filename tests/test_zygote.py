@@ -76,7 +76,8 @@ def test_only_train_and_eval_without_start_up_settings_of_their_own_are_forked()
         assert not zygote.eligible(command, base, base, preloaded)
     # Read after start-up (recipe keys, wandb's, the test's name), or what the imports set themselves.
     for later in ({"HFLOW_ACTOR__LR": "0.1"}, {"WANDB_MODE": "offline"}, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "32"},
-                  {"MASTER_PORT": "29500", "RANK": "0", "WORLD_SIZE": "1"}):
+                  {"MASTER_PORT": "29500", "RANK": "0", "WORLD_SIZE": "1"}, {"RAY_AUTH_TOKEN": "t"},
+                  {"PYTHONBREAKPOINT": "0"}):
         assert zygote.eligible(("train", "r.yaml"), {**base, **later}, base, preloaded), later
     # Read when a library loads: threads, host memory, the imports' own settings changed, PATH.
     for start in ({"OMP_NUM_THREADS": "1"}, {"MALLOC_ARENA_MAX": "2"}, {"GOMP_SPINCOUNT": "0"},

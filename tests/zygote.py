@@ -12,8 +12,9 @@ its threads joined and `atexit` run at the end as at any interpreter's exit.
 
 What a fork cannot give the child is a setting read when a library loads: the server was started
 with the test session's environment. `eligible` therefore takes a call only when its environment
-differs from that one in keys read after start-up (`HFLOW_*` recipe keys, wandb's, the test's own
-name, a process group's rendezvous) or in keys the imports set themselves, to the same value. Any
+differs from that one in keys read after start-up (`HFLOW_*` recipe keys, the settings of Ray, vLLM
+and wandb, which the server does not import, a process group's rendezvous) or in keys the imports
+set themselves, to the same value. Any
 other difference (threads, host memory, Hugging Face's settings, Python's path) runs the command
 in a fresh process, as `TEST_FRESH_PROCESSES=1` does every command.
 """
@@ -31,9 +32,12 @@ import tempfile
 from pathlib import Path
 
 COMMANDS = ("train", "eval")  # the commands that load torch; every other one stops before it does
-# Environment keys read after start-up: recipe keys, wandb's, the test's name, and the process group's
-# rendezvous, which torch reads when a group starts (a test that ran a group in-process leaves them).
-AFTER_START = ("HFLOW_", "WANDB_", "PYTEST_CURRENT_TEST")
+# Environment keys read after start-up: recipe keys, the test's name, `breakpoint()`'s (read at each
+# call), those of the libraries the server does not import (`NOT_PRELOADED`: the child imports them
+# and reads their keys then; a test that ran Ray in-process leaves Ray's token and settings), and
+# the process group's rendezvous, which torch reads when a group starts.
+AFTER_START = ("HFLOW_", "PYTEST_CURRENT_TEST", "PYTHONBREAKPOINT", "WANDB_", "RAY_", "VLLM_")
+NOT_PRELOADED = ("wandb", "ray", "vllm")
 GROUP_KEYS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"}
 FRESH = "TEST_FRESH_PROCESSES"  # set to 1: every command in a fresh process
 
@@ -84,6 +88,8 @@ class Zygote:
                                          env=self.base, cwd=self.files)
         ready = self._message(timeout=300)
         self.preloaded = ready["environment"]
+        if ready["loaded"]:  # their settings would be read in the server, not the child
+            raise RuntimeError(f"the test zygote imported {ready['loaded']}, whose settings are taken as read later")
         if ready["threads"] != 1:  # a fork copies only the calling thread: a Python thread's locks would stay held
             raise RuntimeError(f"the test zygote has {ready['threads']} Python threads after its imports")
 
@@ -157,7 +163,9 @@ def serve() -> None:
     warnings.filters[:] = filters  # each command sets its own
     # Native threads are the libraries' to hand over a fork (numpy's OpenBLAS pool stops itself
     # before one and starts again when next used, as in a data loader's forked workers).
-    answers.write(json.dumps({"threads": threading.active_count(), "environment": dict(os.environ)}).encode() + b"\n")
+    ready = {"threads": threading.active_count(), "environment": dict(os.environ),
+             "loaded": [name for name in NOT_PRELOADED if name in sys.modules]}
+    answers.write(json.dumps(ready).encode() + b"\n")
     for line in requests:
         request = json.loads(line)
         sys.stdout.flush()
