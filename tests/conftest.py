@@ -79,7 +79,8 @@ def longest_first(items) -> None:
     (`--maxschedchunk 1`), that is the longest-processing-time-first schedule (Graham 1969): no
     worker is left to run a minutes-long test alone at the end while the other sits idle.
     `tests/durations.json` holds the tests of 5 s and more from `pytest -n 2 --durations=0`
-    (2026-11-28, the 2-core AVX2 machine; the `multinode` tier's from 2026-11-26); a test missing
+    (2026-11-29, the 2-core AVX2 machine, with the forked commands of `tests/zygote.py`; the
+    `multinode` tier's from 2026-11-26); a test missing
     from it or no longer there only changes the order, never what runs."""
     import json
 
