@@ -33,9 +33,9 @@ def test_a_forked_train_runs_writes_and_answers_as_a_fresh_process(tmp_path):
     args = ("train", "grpo/quickstart", *ONE_STEP)
     assert server.takes(args, env)
     runs = []
-    for name, run in (("fresh", _fresh), ("forked", server.run)):
+    for name, run in (("fresh", _fresh), ("forked", lambda *a: server.run(*a, timeout=600))):
         (tmp_path / name).mkdir()
-        done = run(args, tmp_path / name, env, 600) if name == "forked" else run(args, tmp_path / name, env)
+        done = run(args, tmp_path / name, env)
         assert done.returncode == 0, done.stderr[-3000:]
         runs.append((done, tmp_path / name / done.stdout.strip().splitlines()[-1]))
     (fresh, fresh_run), (forked, forked_run) = runs
@@ -51,7 +51,7 @@ def test_a_forked_train_runs_writes_and_answers_as_a_fresh_process(tmp_path):
     (fresh_run / "train.log").unlink()
     (fresh_run / "train.log").symlink_to(tmp_path / "elsewhere.txt")
     bad = ("train", "--resume", str(fresh_run), "--set", "trainer.total_steps=2")
-    answers = [_fresh(bad, tmp_path, env), server.run(bad, tmp_path, env, 600)]
+    answers = [_fresh(bad, tmp_path, env), server.run(bad, tmp_path, env, timeout=600)]
     assert [a.returncode for a in answers] == [2, 2]
     assert answers[0].stderr == answers[1].stderr and answers[0].stdout == answers[1].stdout
     assert "is a symbolic link" in answers[1].stderr

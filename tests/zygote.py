@@ -14,9 +14,9 @@ What a fork cannot give the child is a setting read when a library loads: the se
 with the test session's environment. `eligible` therefore takes a call only when its environment
 differs from that one in keys read after start-up (`HFLOW_*` recipe keys, the settings of Ray, vLLM
 and wandb, which the server does not import, a process group's rendezvous) or in keys the imports
-set themselves, to the same value. Any
-other difference (threads, host memory, Hugging Face's settings, Python's path) runs the command
-in a fresh process, as `TEST_FRESH_PROCESSES=1` does every command.
+set themselves, to the same value. Any other difference (threads, host memory, Hugging Face's
+settings, Python's path) runs the command in a fresh process, as `TEST_FRESH_PROCESSES=1` does
+every command.
 """
 
 from __future__ import annotations
@@ -65,10 +65,15 @@ def eligible(args: tuple[str, ...], env: dict, base: dict, preloaded: dict) -> b
     from a server started with environment `base` whose imports left it `preloaded`. Every key
     that differs from `base` must be read after start-up, or hold the value the imports set
     themselves (the command's own settings: a fresh process would have it by then too)."""
-    if not args or args[0] not in COMMANDS or "1" in (base.get(FRESH), env.get(FRESH)):
+    if not _forkable(args, env, base):
         return False
     changed = {k for k in env.keys() | base.keys() if env.get(k) != base.get(k)}
     return all(k.startswith(AFTER_START) or k in GROUP_KEYS or env.get(k) == preloaded.get(k) for k in changed)
+
+
+def _forkable(args: tuple[str, ...], env: dict, base: dict) -> bool:
+    """A command that loads torch, in a session or call that has not asked for fresh processes."""
+    return bool(args) and args[0] in COMMANDS and "1" not in (base.get(FRESH), env.get(FRESH))
 
 
 class Zygote:
@@ -109,7 +114,7 @@ class Zygote:
     def takes(self, args: tuple[str, ...], env: dict) -> bool:
         """Whether `hflow ARGS` in `env` runs here (`eligible`); the server starts at the first call
         that might."""
-        if not args or args[0] not in COMMANDS or "1" in (self.base.get(FRESH), env.get(FRESH)):
+        if not _forkable(args, env, self.base):
             return False
         if self.proc is None or self.proc.poll() is not None:
             self.pending = b""
@@ -117,6 +122,8 @@ class Zygote:
         return eligible(args, env, self.base, self.preloaded)
 
     def run(self, args: tuple[str, ...], cwd: Path | None, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        if cwd is not None and not Path(cwd).is_dir():  # as subprocess.run answers it
+            raise FileNotFoundError(f"no such folder: {cwd}")
         out, err = self.files / "stdout", self.files / "stderr"
         request = {"args": list(args), "cwd": str(cwd or os.getcwd()), "env": env, "out": str(out), "err": str(err)}
         self.proc.stdin.write(json.dumps(request).encode() + b"\n")
@@ -172,9 +179,12 @@ def serve() -> None:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            requests.close()
-            answers.close()
-            _child(request)
+            try:
+                requests.close()
+                answers.close()
+                _child(request)
+            finally:
+                os._exit(1)  # never back into this loop, whatever happened
         answers.write(json.dumps({"pid": pid}).encode() + b"\n")
         _, status = os.waitpid(pid, 0)
         answers.write(json.dumps({"status": status}).encode() + b"\n")
