@@ -18,9 +18,17 @@ def run_hflow(*args: str, cwd: Path | None = None, env: dict | None = None,
     them): `hflow train` and `hflow eval` forked from a process that has imported torch already
     (`zygote.py`), every other command, or one with start-up settings of its own, a fresh one."""
     full_env = {**os.environ, **(env or {})}
-    if zygote.BASE is not None and zygote.shared().takes(args, full_env):
-        return zygote.shared().run(args, cwd, full_env, timeout)
-    return subprocess.run([sys.executable, "-m", "hflow", *args], cwd=cwd, env=full_env,
+    if zygote.BASE is not None:
+        server = zygote.shared()
+        if server.takes(args, full_env):
+            return server.run(args, cwd, full_env, timeout)
+    return fresh_hflow(args, cwd, full_env, timeout)
+
+
+def fresh_hflow(args: tuple[str, ...], cwd: Path | None, env: dict,
+                timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m hflow ARGS` in a fresh interpreter with exactly the environment `env`."""
+    return subprocess.run([sys.executable, "-m", "hflow", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

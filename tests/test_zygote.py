@@ -4,19 +4,13 @@ streams and exit codes; a setting read at start-up sends the command to a fresh 
 import json
 import re
 import subprocess
-import sys
 
 import pytest
 
 import zygote
-from helpers import RUN_VARYING, assert_same_events, read_events
+from helpers import RUN_VARYING, assert_same_events, fresh_hflow, read_events
 
 ONE_STEP = ("--set", "trainer.total_steps=1", "--set", "trainer.save_every=1")
-
-
-def _fresh(args, cwd, env):
-    return subprocess.run([sys.executable, "-m", "hflow", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
 
 
 def _masked(text: str, *runs) -> list[str]:
@@ -33,7 +27,7 @@ def test_a_forked_train_runs_writes_and_answers_as_a_fresh_process(tmp_path):
     args = ("train", "grpo/quickstart", *ONE_STEP)
     assert server.takes(args, env)
     runs = []
-    for name, run in (("fresh", _fresh), ("forked", lambda *a: server.run(*a, timeout=600))):
+    for name, run in (("fresh", fresh_hflow), ("forked", lambda *a: server.run(*a, timeout=600))):
         (tmp_path / name).mkdir()
         done = run(args, tmp_path / name, env)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -51,7 +45,7 @@ def test_a_forked_train_runs_writes_and_answers_as_a_fresh_process(tmp_path):
     (fresh_run / "train.log").unlink()
     (fresh_run / "train.log").symlink_to(tmp_path / "elsewhere.txt")
     bad = ("train", "--resume", str(fresh_run), "--set", "trainer.total_steps=2")
-    answers = [_fresh(bad, tmp_path, env), server.run(bad, tmp_path, env, timeout=600)]
+    answers = [fresh_hflow(bad, tmp_path, env), server.run(bad, tmp_path, env, timeout=600)]
     assert [a.returncode for a in answers] == [2, 2]
     assert answers[0].stderr == answers[1].stderr and answers[0].stdout == answers[1].stdout
     assert "is a symbolic link" in answers[1].stderr
