@@ -54,11 +54,15 @@ def tensor_bytes(tensors) -> int:
 
 class PhaseSwitch:
     """`rollout_engine`, when given, keeps its own weights (`VLLMGenerator`): it gets them through
-    `load_weights(buckets)` on the way to rollout and gives its memory back in `release()`."""
+    `load_weights(buckets)` on the way to rollout and gives its memory back in `release()`.
+
+    `train_engine` None: `module` does not train (an evaluation, `ActorWorker.init_generation`):
+    there is no training state to move, and the module stays in eval mode."""
 
     def __init__(self, train_engine, device: torch.device, rollout_engine=None, bucket_bytes: int = 512 << 20,
-                 dtype: torch.dtype | None = None, offload: bool = False):
+                 dtype: torch.dtype | None = None, offload: bool = False, module: torch.nn.Module | None = None):
         self.train_engine = train_engine
+        self.module = train_engine.module if train_engine is not None else module
         self.device = device
         self.phase = "train"
         self.rollout_engine = rollout_engine
@@ -66,7 +70,8 @@ class PhaseSwitch:
         self.dtype = dtype
         self.last_sync: SyncStats | None = None
         self.offloaded: list[str] = []
-        self.offload = offload or rollout_engine is not None  # the training state leaves during rollout
+        # The training state leaves during rollout.
+        self.offload = (offload or rollout_engine is not None) and train_engine is not None
 
     def _memory(self) -> int:
         if self.device.type == "cuda":
@@ -81,7 +86,7 @@ class PhaseSwitch:
         if self.phase == "rollout":
             return 0.0
         start = time.perf_counter()
-        module = self.train_engine.module
+        module = self.module
         for p in module.parameters():
             p.grad = None  # ZeRO keeps its own gradient partitions; these are stale views
         module.eval()
@@ -96,9 +101,9 @@ class PhaseSwitch:
 
     def _sync_weights(self) -> SyncStats:
         """The training weights into the rollout engine, bucket by bucket (`weight_sync.py`)."""
-        module = self.train_engine.module
+        module = self.module
         dtype = self.dtype or next(module.parameters()).dtype
-        zero3 = self.train_engine.cfg.zero_stage == 3
+        zero3 = self.train_engine is not None and self.train_engine.cfg.zero_stage == 3
         stats = SyncStats()
         self.rollout_engine.load_weights(weight_buckets(module, self.bucket_bytes, dtype, zero3, stats))
         return stats
@@ -124,14 +129,17 @@ class PhaseSwitch:
         if self.offload:
             self.train_engine.reload_states()
             self.offloaded = []
-        self.train_engine.module.train()
+        if self.train_engine is not None:
+            self.module.train()
         self._empty_cache()
         self.phase = "train"
         return time.perf_counter() - start
 
     def training_state_bytes(self) -> int:
         """Weights (this rank's share), gradients and optimizer states held for training."""
-        module = self.train_engine.module
+        if self.train_engine is None:
+            return 0
+        module = self.module
         params = [getattr(p, "ds_tensor", p) for p in module.parameters()]
         optimizer = getattr(self.train_engine.optimizer, "optimizer", self.train_engine.optimizer)
         states = [v for state in optimizer.state.values() for v in state.values()]

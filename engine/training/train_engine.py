@@ -8,7 +8,6 @@ so the same checkpoint serves every ZeRO stage and data-parallel size.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import json
@@ -20,6 +19,7 @@ import torch
 
 from hflow.engine.specs import OptimSpec
 from hflow.engine.training.master_state import MOMENTS, MasterState
+from hflow.engine.training.saved_weights import WEIGHTS_FILE
 from hflow.engine.training.tensor_file import TensorFileWriter, TensorSpec
 
 
@@ -266,7 +266,7 @@ class TrainEngine:
         if rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
         files = _RankZeroFiles(rank, {
-            "param": (directory / "weights.safetensors", [TensorSpec(n, s) for n, s in shapes]),
+            "param": (directory / WEIGHTS_FILE, [TensorSpec(n, s) for n, s in shapes]),
             "moments": (directory / "optimizer.safetensors",
                         [TensorSpec(f"{k}/{n}", s) for n, s in shapes for k in MOMENTS]),
         })
@@ -280,27 +280,23 @@ class TrainEngine:
                      "scheduler": _jsonable(self.scheduler.state_dict())}
             (directory / "engine.json").write_text(json.dumps(state))
 
-    def load(self, directory: Path, moments: bool = True) -> None:
+    def load(self, directory: Path) -> None:
         """Restore what `save` wrote into this already-initialised engine: the fp32 masters and
-        Adam's moments, then the module's own (bf16) weights from the masters. Without `moments`
-        (an evaluation, which takes no step) the moments are neither read nor allocated: the memory
-        of twice the fp32 weights stays free."""
+        Adam's moments, then the module's own (bf16) weights from the masters. (An evaluation reads
+        the weights alone into a module without an engine: `saved_weights.py`.)"""
         from safetensors import safe_open
 
         state = json.loads((directory / "engine.json").read_text())
         self.updates = state["updates"]
-        if moments:
-            self.master.create_moments()
-        optimizer_file = directory / "optimizer.safetensors"
-        with safe_open(directory / "weights.safetensors", "pt") as weights, \
-                (safe_open(optimizer_file, "pt") if moments else contextlib.nullcontext()) as saved:
+        self.master.create_moments()
+        with safe_open(directory / WEIGHTS_FILE, "pt") as weights, \
+                safe_open(directory / "optimizer.safetensors", "pt") as saved:
             for name, param in self._named_params():
                 self.master.set(param, "param", weights.get_tensor(name))
-                for key in MOMENTS if saved else ():
+                for key in MOMENTS:
                     self.master.set(param, key, saved.get_tensor(f"{key}/{name}"))
         self.master.refresh_weights()
-        if moments:
-            self.master.set_step(state.get("adam_step") or self.updates)
+        self.master.set_step(state.get("adam_step") or self.updates)
         scheduler_state = {**state["scheduler"], "lr_lambdas": [None] * len(self.optimizer.param_groups)}
         self.scheduler.load_state_dict(scheduler_state)
         # The optimizer applies the LR it holds at the next step: set it to the schedule's.

@@ -43,6 +43,7 @@ from hflow.engine.training.logprobs import (batched_log_probs, can_share_prompts
                                             scores_packed)
 from hflow.engine.rlmath.objective import ActorObjective
 from hflow.engine.training.packing import global_token_count, micro_batches
+from hflow.engine.training.saved_weights import load_saved_weights
 from hflow.engine.training.train_engine import TrainEngine
 from hflow.engine.training.zero3 import is_partitioned, partitioned_load
 
@@ -62,9 +63,9 @@ class ActorWorker(Worker):
         self.episodes = None  # the multi-turn runner, with `rollout.env`
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self, checkpoint: str | None = None, weights_only: bool = False) -> None:
-        """Load the policy, wrap it in DeepSpeed, and restore `checkpoint` when resuming (`weights_only`:
-        its weights alone, for an evaluation: no optimizer state is read or allocated)."""
+    def init_model(self, checkpoint: str | None = None) -> None:
+        """Load the policy, wrap it in DeepSpeed, and restore `checkpoint` when resuming (an evaluation
+        loads the policy for generation alone: `init_generation`)."""
         s, m, o = self.spec, self.spec.model, self.spec.optim
         ensure_process_group(self.device, self.rank, self.world_size)
         dtype = resolve_dtype(m.dtype, self.device)
@@ -89,7 +90,7 @@ class ActorWorker(Worker):
             model.gradient_checkpointing_enable()
         self.train_engine = TrainEngine.for_role(model, o, self.world_size, self.device, dtype)
         if checkpoint:
-            self.train_engine.load(Path(checkpoint), moments=not weights_only)
+            self.train_engine.load(Path(checkpoint))
         if rollout_engine is None and o.zero_stage == 3:
             # ZeRO-3: whole weights for the rollout, gathered once per switch (`gathered_generator.py`).
             rollout_engine = GatheredGenerator(self.train_engine.module, self.device, dtype, eos,
@@ -101,6 +102,34 @@ class ActorWorker(Worker):
         # no second copy of the weights.
         self.generator = rollout_engine or HFGenerator(
             self.train_engine.module, eos, tokenizer.pad_token_id, s.rollout.batch_size)
+        self.episodes = self._episode_runner()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_generation(self, checkpoint: str | None = None) -> None:
+        """The policy for generation alone (an evaluation): its weights in the generation dtype, the
+        checkpoint's when given (`training/saved_weights.py`), and the recipe's generator on them. No
+        DeepSpeed engine, gradients or optimizer state: under bfloat16 and ZeRO-1/2 those hold about
+        seven times the weights' memory, which an evaluation never uses. Only generation runs on it."""
+        s, m = self.spec, self.spec.model
+        ensure_process_group(self.device, self.rank, self.world_size)
+        dtype = self.generation_dtype = resolve_dtype(m.dtype, self.device)
+        model = load_causal_lm(m.path, torch.float32 if s.lora else dtype, m.trust_remote_code)
+        self.tokenizer = tokenizer = load_tokenizer(m.path, m.trust_remote_code)
+        eos = eos_token_ids(model, tokenizer)
+        model = self._with_adapters(model)
+        if checkpoint:
+            load_saved_weights(model, Path(checkpoint))
+        model.requires_grad_(False)
+        model.eval()
+        work_meter.attach(model, "actor")
+        rollout_engine = None
+        if s.rollout.engine == "vllm":  # before the weights take device memory (as `init_model`)
+            rollout_engine = create_vllm(s, self.rank, self.world_size, self.device, dtype, eos,
+                                         tokenizer.pad_token_id, model.config)
+        model.to(device=self.device, dtype=dtype)
+        self.phases = PhaseSwitch(None, self.device, rollout_engine, bucket_bytes=s.rollout.weight_bucket_mb << 20,
+                                  dtype=dtype, module=model)
+        self.generator = rollout_engine or HFGenerator(model, eos, tokenizer.pad_token_id, s.rollout.batch_size)
         self.episodes = self._episode_runner()
 
     def _episode_runner(self) -> EpisodeRunner | None:

@@ -192,7 +192,8 @@ def evaluate_outcomes(recipe: Recipe, checkpoint: str | None, step: int) -> dict
         # As a training run's steps: on a local CPU run the threads the cores other processes leave
         # free (measured while the models load), so that the threads' spin costs no one a slice.
         cpu = share_for(recipe, groups.backend, device)
-        groups["actor"].init_model(checkpoint=f"{checkpoint}/actor" if checkpoint else None, weights_only=True)
+        # The weights alone, in the generation dtype: no training engine or optimizer state.
+        groups["actor"].init_generation(checkpoint=f"{checkpoint}/actor" if checkpoint else None)
         groups["reward"].init_model()
         cpu.before_step()
         return evaluator.outcomes(groups["actor"], groups["reward"], step)

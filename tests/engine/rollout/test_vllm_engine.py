@@ -99,7 +99,9 @@ def fake_vllm(monkeypatch):
     return module
 
 
-def _actor(tiny_model, zero_stage=1):
+def _actor(tiny_model, zero_stage=1, generation_from=None):
+    """The actor and its prompts; `generation_from`: a checkpoint folder it loads for generation alone
+    (`init_generation`, an evaluation) instead of to train."""
     from hflow.engine.models.loading import load_tokenizer
     from hflow.trainer.data.prompts import PromptData
     from hflow.trainer.placement.worker_groups import build_worker_groups
@@ -112,7 +114,10 @@ def _actor(tiny_model, zero_stage=1):
         "trainer": {"prompts_per_step": 4},
     }, {}, "test")
     groups = build_worker_groups(recipe, ["actor"], torch.device("cpu"))
-    groups["actor"].init_model()
+    if generation_from is None:
+        groups["actor"].init_model()
+    else:
+        groups["actor"].init_generation(checkpoint=generation_from)
     prompts = PromptData(recipe.data, load_tokenizer(str(tiny_model)), 0, 4)
     return groups["actor"], prompts
 
@@ -187,6 +192,33 @@ def test_cpu_phase_protocol_keeps_the_engine_awake(fake_vllm, tiny_model):
     assert _since(llm.calls, 0) == [("init",), "reload_weights", "reset_prefix_cache", "generate",
                                     "reload_weights", "reset_prefix_cache", "generate"]
     _assert_holds_training_weights(llm, actor.worker.train_engine.module)
+
+
+def test_an_evaluation_gives_vllm_the_checkpoint_weights_and_sleeps_after_each_pass(fake_vllm, tiny_model,
+                                                                                     tmp_path, monkeypatch):
+    """`hflow eval` with the vllm engine (`init_generation`, as a CUDA device drives it): no training
+    engine; the checkpoint's weights reach vLLM before each evaluation pass, and it sleeps after each,
+    as between training steps."""
+    from hflow.engine.rollout.vllm_engine import VLLMGenerator
+
+    actor, prompts = _actor(tiny_model)
+    _update(actor, actor.generate_sequences(prompts.batch(1)))
+    actor.save_checkpoint(str(tmp_path / "actor"))
+    module = actor.worker.train_engine.module
+    alone, _ = _actor(tiny_model, generation_from=str(tmp_path / "actor"))
+    llm = FakeLLM.instances[-1]
+    monkeypatch.setattr(VLLMGenerator, "_empty_cache", staticmethod(lambda: llm.calls.append(("empty_cache",))))
+    alone.worker.generator.sleeps = True
+    assert alone.worker.train_engine is None
+    wake = [("empty_cache",), ("wake_up", ("weights",)), "reload_weights", "reset_prefix_cache",
+            ("empty_cache",), ("wake_up", ("kv_cache",))]
+    for step in (1, 2):
+        start = len(llm.calls)
+        evaluation = Batch(columns=dict(prompts.batch(step).columns), meta={
+            "step": step, "eval": {"n": 2, "temperature": 1.0, "max_response_length": 6, "batch_size": None}})
+        assert len(alone.generate_sequences(evaluation)) == 8
+        assert _since(llm.calls, start) == wake + ["generate", ("sleep", 2)]
+        _assert_holds_training_weights(llm, module)
 
 
 def test_rollout_columns_and_sampling_settings(fake_vllm, tiny_model):

@@ -73,40 +73,6 @@ def test_resume_continues_exactly(tiny_model, tmp_path, stage, dtype):
             torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=0, msg=name)
 
 
-
-def _optimizer_state_bytes(engine) -> int:
-    return sum(v.numel() * v.element_size() for state in engine.master.base.state.values()
-               for v in state.values() if torch.is_tensor(v))
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("stage", [0, 1, 3])
-def test_a_weights_only_load_restores_the_weights_and_allocates_no_optimizer_state(tiny_model, tmp_path, stage,
-                                                                                   dtype):
-    # What `hflow eval` loads: a checkpoint's weights, as a whole load restores them, without Adam's
-    # moments (an evaluation takes no step; they hold twice the fp32 weights).
-    ensure_process_group(torch.device("cpu"))
-    cfg = ActorConfig(lr=1e-2, zero_stage=stage)
-    ids = torch.randint(3, 50, (4, 12), generator=torch.Generator().manual_seed(0))
-    trained = _engine(tiny_model, cfg, dtype)
-    _update(trained, ids)
-    trained.save(tmp_path / "ckpt")
-    whole, weights = _engine(tiny_model, cfg, dtype), _engine(tiny_model, cfg, dtype)
-    built = _optimizer_state_bytes(weights)  # bf16 ZeRO-0's wrapper makes its moments when it is built
-    whole.load(tmp_path / "ckpt")
-    weights.load(tmp_path / "ckpt", moments=False)
-    assert _optimizer_state_bytes(weights) == built
-    if (stage, dtype) != (0, "bfloat16"):
-        assert _optimizer_state_bytes(whole) > built  # the whole load's moments
-    trained_params = dict(trained._named_params())
-    for (name, a), (_, b) in zip(whole._named_params(), weights._named_params()):
-        want = trained._full_state(trained_params[name], "param")
-        for engine, param in ((whole, a), (weights, b)):
-            torch.testing.assert_close(engine._full_state(param, "param"), want, rtol=0, atol=0, msg=name)
-        if stage != 3:  # the module's own weights too; ZeRO-3's are partitioned
-            torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=0, msg=name)
-
-
 def test_saved_files_are_safetensors_with_the_full_fp32_state(tiny_model, tmp_path):
     ensure_process_group(torch.device("cpu"))
     engine = _engine(tiny_model, ActorConfig(lr=1e-2, zero_stage=2), "bfloat16")

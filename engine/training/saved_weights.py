@@ -1,0 +1,55 @@
+"""A trained role's checkpointed weights, read into a module that will not train (an evaluation).
+
+`TrainEngine.save` writes the role's trained parameters (all of them, or a LoRA run's adapters)
+whole and in float32 to `weights.safetensors`, each under its name in the module. A model that
+only generates needs those weights alone: `load_saved_weights` copies each into the parameter of
+that name, rounded to the module's dtype as the engine rounds its float32 masters into its
+bfloat16 weights, and builds no DeepSpeed engine, no gradients and no optimizer state. Under
+bfloat16 and ZeRO-1/2 that state (float32 masters, gradient buffers, Adam's moments) holds about
+seven times the weights' own memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hflow.errors import UserError
+
+WEIGHTS_FILE = "weights.safetensors"  # a trained role's weights in its checkpoint folder (`TrainEngine.save`)
+
+
+def load_saved_weights(module: torch.nn.Module, directory: Path) -> None:
+    """The trained parameters of `module` (those that require gradients: all, or LoRA's adapters)
+    from `directory`/weights.safetensors. The file must hold exactly those names, in their shapes:
+    a checkpoint of another model, or of a run with other `actor.lora` settings, is refused in one
+    line."""
+    from safetensors import safe_open
+
+    trained = {name: p for name, p in module.named_parameters() if p.requires_grad}
+    path = Path(directory) / WEIGHTS_FILE
+    with safe_open(str(path), "pt") as saved:
+        names = set(saved.keys())
+        _check_names(path, names, set(trained))
+        for name, param in trained.items():
+            tensor = saved.get_slice(name)
+            if tuple(tensor.get_shape()) != tuple(param.shape):
+                raise UserError(f"{path}: {name} has shape {tuple(tensor.get_shape())}, the recipe's model "
+                                f"{tuple(param.shape)}: the checkpoint is of another model")
+            with torch.no_grad():
+                param.copy_(saved.get_tensor(name))
+
+
+def _check_names(path: Path, saved: set[str], trained: set[str]) -> None:
+    """Refuse a file whose tensors are not the module's trained parameters, naming one of each."""
+    if saved == trained:
+        return
+    missing, extra = sorted(trained - saved), sorted(saved - trained)
+    said = []
+    if missing:
+        said.append(f"lacks {len(missing)} of the recipe's trained parameters ({missing[0]}, ...)")
+    if extra:
+        said.append(f"holds {len(extra)} the recipe's model does not train ({extra[0]}, ...)")
+    raise UserError(f"{path}: {' and '.join(said)}: the checkpoint is of another model, or of a run "
+                    "with other actor.lora settings")
