@@ -18,7 +18,7 @@ engine   the bugs a first GPU run hits (issue "Ready for the first GPU"), one ca
          and the trainer (and a run on the sampler's log-probs with truncated importance sampling)
 train    a tiny recipe that must learn; SmolLM2-135M- and Qwen2.5-0.5B-shaped Llamas (built here,
          random weights) in bf16 under ZeRO 0 and 2: step time, tokens/s, peak memory, finite
-         loss, weights moved
+         loss, weights moved; `hflow eval` of a bf16 ZeRO-2 checkpoint (its scores, its peak memory)
 bench    `hflow bench rollout|step|switch`, and TRL's GRPO against hflow's on the same model,
          rounds alternating (benchmarks/vs_trl.py)
 account  where the GPU's time goes: torch's profiler over the update, a scoring pass and a rollout
@@ -318,6 +318,34 @@ def case_qwen05_z2(cwd):
     return shaped_run(cwd, "qwen2.5-0.5b", 2)
 
 
+def case_eval_checkpoint(cwd: Path) -> dict:
+    """`hflow eval` of a bf16 ZeRO-2 checkpoint on the 0.5B shape: the policy loaded for generation
+    alone (no training engine), its scores against those training logged at that step, and the
+    eval process's peak GPU memory against the training run's."""
+    model = shaped_model("qwen2.5-0.5b", cwd.parent / "model-qwen2.5-0.5b")
+    run, ev = train(cwd, "grpo/quickstart", *sets(
+        model__path=model, model__init="null", model__dtype="bfloat16", actor__zero_stage=2, actor__lr=1e-5,
+        rollout__n=4, rollout__max_response_length=32, trainer__prompts_per_step=8, trainer__total_steps=2,
+        trainer__save_every=2, trainer__eval_every=2, data__eval="synthetic:digits", data__eval_size=16,
+        logging__samples_per_step=0), timeout=420)
+    probe = ("import atexit, runpy, sys, torch; atexit.register(lambda: print('PEAK', "
+             "torch.cuda.max_memory_allocated(), file=sys.stderr)); sys.argv = ['hflow', *sys.argv[1:]]; "
+             "runpy.run_module('hflow', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", probe, "eval", str(run / "recipe.yaml"), "--checkpoint",
+                           str(run / "checkpoints" / "step_000002")], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+    (cwd / "eval.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"hflow eval exited {done.returncode}: {done.stderr[-1500:]}")
+    printed = {line.split()[0]: float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("eval/")}
+    logged = next(e for e in ev if e["step"] == 2)
+    gap = max(abs(value - logged[key]) for key, value in printed.items())
+    peak = int(next(line.split()[1] for line in done.stderr.splitlines() if line.startswith("PEAK ")))
+    trained_peak = max(e.get("memory/peak_bytes", 0.0) for e in ev)
+    return {"printed": printed, "largest_gap_to_logged": gap, "eval_peak_bytes": peak,
+            "train_peak_bytes": trained_peak, "ok": bool(printed) and peak < trained_peak}
+
+
 # --- bench -----------------------------------------------------------------------------------------
 
 SHAPED = {"smollm2-135m": "model-smollm2", "qwen2.5-0.5b": "model-qwen05"}
@@ -428,7 +456,7 @@ def case_vs_trl_05b(cwd: Path) -> dict:
 PARTS = {
     "engine": [case_environment, case_pytest_gpu, case_bf16_zero0_resume, case_offload_zero2_resume, case_zero3,
                case_checkpoint_host_memory, case_prefill_logits, case_switch_budget, case_logprob_mismatch],
-    "train": [case_learns, case_smollm2_z0, case_smollm2_z2, case_qwen05_z0, case_qwen05_z2],
+    "train": [case_learns, case_smollm2_z0, case_smollm2_z2, case_qwen05_z0, case_qwen05_z2, case_eval_checkpoint],
     "bench": [case_bench_rollout, case_bench_step, case_bench_switch, case_vs_trl],
     "account": [case_profile_update, case_profile_score, case_profile_generate, case_decode_layouts, case_step_05b,
                 case_vs_trl_05b, case_step_135m_one_micro],
