@@ -60,9 +60,11 @@ class PhaseSwitch:
     there is no training state to move, and the module stays in eval mode."""
 
     def __init__(self, train_engine, device: torch.device, rollout_engine=None, bucket_bytes: int = 512 << 20,
-                 dtype: torch.dtype | None = None, offload: bool = False, module: torch.nn.Module | None = None):
+                 dtype: torch.dtype | None = None, offload: bool = False, module: torch.nn.Module | None = None,
+                 zero3: bool = False):
         self.train_engine = train_engine
         self.module = train_engine.module if train_engine is not None else module
+        self.zero3 = zero3  # the module's parameters are ZeRO-3 partitions: gathered bucket by bucket to sync
         self.device = device
         self.phase = "train"
         self.rollout_engine = rollout_engine
@@ -103,9 +105,8 @@ class PhaseSwitch:
         """The training weights into the rollout engine, bucket by bucket (`weight_sync.py`)."""
         module = self.module
         dtype = self.dtype or next(module.parameters()).dtype
-        zero3 = self.train_engine is not None and self.train_engine.cfg.zero_stage == 3
         stats = SyncStats()
-        self.rollout_engine.load_weights(weight_buckets(module, self.bucket_bytes, dtype, zero3, stats))
+        self.rollout_engine.load_weights(weight_buckets(module, self.bucket_bytes, dtype, self.zero3, stats))
         return stats
 
     def to_scoring(self) -> float:

@@ -6,11 +6,13 @@ only generates needs those weights alone: `load_saved_weights` copies each into 
 that name, rounded to the module's dtype as the engine rounds its float32 masters into its
 bfloat16 weights, and builds no DeepSpeed engine, no gradients and no optimizer state. Under
 bfloat16 and ZeRO-1/2 that state (float32 masters, gradient buffers, Adam's moments) holds about
-seven times the weights' own memory.
+seven times the weights' own memory. Under ZeRO-3 (a model built partitioned, `zero3.py`) each
+parameter is gathered while it is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -33,12 +35,22 @@ def load_saved_weights(module: torch.nn.Module, directory: Path) -> None:
         names = set(saved.keys())
         _check_names(path, names, set(trained))
         for name, param in trained.items():
-            tensor = saved.get_slice(name)
-            if tuple(tensor.get_shape()) != tuple(param.shape):
-                raise UserError(f"{path}: {name} has shape {tuple(tensor.get_shape())}, the recipe's model "
-                                f"{tuple(param.shape)}: the checkpoint is of another model")
-            with torch.no_grad():
+            shape = tuple(getattr(param, "ds_shape", param.shape))  # a ZeRO-3 partition's whole shape
+            if tuple(saved.get_slice(name).get_shape()) != shape:
+                raise UserError(f"{path}: {name} has shape {tuple(saved.get_slice(name).get_shape())}, the "
+                                f"recipe's model {shape}: the checkpoint is of another model")
+            with _whole(param), torch.no_grad():
                 param.copy_(saved.get_tensor(name))
+
+
+def _whole(param: torch.nn.Parameter):
+    """The parameter whole while it is written: a ZeRO-3 partition is gathered, and rank 0's values
+    (every rank reads the same file) partitioned again afterwards."""
+    if not hasattr(param, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=0)
 
 
 def _check_names(path: Path, saved: set[str], trained: set[str]) -> None:

@@ -20,13 +20,11 @@ from pathlib import Path
 import torch
 
 from hflow.engine import columns as col
-from hflow.engine import work_meter
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, register
 from hflow.engine.groups.dist import ensure_process_group, peak_memory_bytes
 from hflow.engine.groups.worker import Worker
-from hflow.engine.models.loading import eos_token_ids, load_causal_lm, load_tokenizer, resolve_dtype
-from hflow.engine.models.lora import adapters_off, apply_lora, is_lora, merged_state, save_merged
+from hflow.engine.models.lora import adapters_off, is_lora, merged_state, save_merged
 from hflow.engine.rollout import code_tool
 from hflow.engine.rollout.environment import EpisodeLimits, load_env_class
 from hflow.engine.rollout.episodes import EpisodeRunner
@@ -45,7 +43,7 @@ from hflow.engine.rlmath.objective import ActorObjective
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.saved_weights import load_saved_weights
 from hflow.engine.training.train_engine import TrainEngine
-from hflow.engine.training.zero3 import is_partitioned, partitioned_load
+from hflow.engine.workers.policy import LoadedPolicy, create_vllm, load_policy, to_device
 
 
 class ActorWorker(Worker):
@@ -66,70 +64,57 @@ class ActorWorker(Worker):
     def init_model(self, checkpoint: str | None = None) -> None:
         """Load the policy, wrap it in DeepSpeed, and restore `checkpoint` when resuming (an evaluation
         loads the policy for generation alone: `init_generation`)."""
-        s, m, o = self.spec, self.spec.model, self.spec.optim
+        s, o = self.spec, self.spec.optim
         ensure_process_group(self.device, self.rank, self.world_size)
-        dtype = resolve_dtype(m.dtype, self.device)
-        # Loaded in the training dtype (fp32 first only for LoRA, whose adapters start in fp32);
-        # under ZeRO-3 each rank builds only its partition of the weights (`zero3.py`).
-        with partitioned_load(o.zero_stage, dtype):
-            model = load_causal_lm(m.path, torch.float32 if s.lora else dtype, m.trust_remote_code)
-        self.tokenizer = tokenizer = load_tokenizer(m.path, m.trust_remote_code)
-        eos = eos_token_ids(model, tokenizer)
-        model = self._with_adapters(model)
-        work_meter.attach(model, "actor")  # what its passes compute, per phase (`work_meter.py`)
-        self.generation_dtype = dtype
-        rollout_engine = None
-        if s.rollout.engine == "vllm":
-            # Before DeepSpeed allocates anything: on a GPU vLLM sizes its KV cache from the free
-            # memory it sees at start-up, then sleeps and gives it all back until the first rollout.
-            rollout_engine = create_vllm(s, self.rank, self.world_size, self.device, dtype, eos,
-                                         tokenizer.pad_token_id, model.config)
-        if not is_partitioned(model):  # zero.Init placed the partitions on the device already
-            model.to(device=self.device, dtype=dtype)
-        if m.gradient_checkpointing:
+        policy = load_policy(s, self.device)
+        model, dtype, self.tokenizer, self.generation_dtype = policy.model, policy.dtype, policy.tokenizer, policy.dtype
+        rollout_engine = self._vllm(policy)  # before DeepSpeed allocates anything
+        to_device(model, self.device, dtype)
+        if s.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.train_engine = TrainEngine.for_role(model, o, self.world_size, self.device, dtype)
         if checkpoint:
             self.train_engine.load(Path(checkpoint))
-        if rollout_engine is None and o.zero_stage == 3:
-            # ZeRO-3: whole weights for the rollout, gathered once per switch (`gathered_generator.py`).
-            rollout_engine = GatheredGenerator(self.train_engine.module, self.device, dtype, eos,
-                                               tokenizer.pad_token_id, s.rollout.batch_size)
-        self.phases = PhaseSwitch(self.train_engine, self.device, rollout_engine,
-                                  bucket_bytes=s.rollout.weight_bucket_mb << 20, dtype=dtype,
-                                  offload=s.offload_in_rollout)
-        # Without a rollout engine of its own, the generator runs on the training module itself:
-        # no second copy of the weights.
-        self.generator = rollout_engine or HFGenerator(
-            self.train_engine.module, eos, tokenizer.pad_token_id, s.rollout.batch_size)
-        self.episodes = self._episode_runner()
+        self._start_phases(self.train_engine.module, policy, rollout_engine, self.train_engine)
 
     @register(Dispatch.ONE_TO_ALL)
     def init_generation(self, checkpoint: str | None = None) -> None:
         """The policy for generation alone (an evaluation): its weights in the generation dtype, the
         checkpoint's when given (`training/saved_weights.py`), and the recipe's generator on them. No
         DeepSpeed engine, gradients or optimizer state: under bfloat16 and ZeRO-1/2 those hold about
-        seven times the weights' memory, which an evaluation never uses. Only generation runs on it."""
-        s, m = self.spec, self.spec.model
+        seven times the weights' memory, which an evaluation never uses. Under ZeRO-3 each rank keeps
+        its partition, as in training. Only generation runs on it."""
         ensure_process_group(self.device, self.rank, self.world_size)
-        dtype = self.generation_dtype = resolve_dtype(m.dtype, self.device)
-        model = load_causal_lm(m.path, torch.float32 if s.lora else dtype, m.trust_remote_code)
-        self.tokenizer = tokenizer = load_tokenizer(m.path, m.trust_remote_code)
-        eos = eos_token_ids(model, tokenizer)
-        model = self._with_adapters(model)
+        policy = load_policy(self.spec, self.device)
+        model, self.tokenizer, self.generation_dtype = policy.model, policy.tokenizer, policy.dtype
         if checkpoint:
             load_saved_weights(model, Path(checkpoint))
         model.requires_grad_(False)
         model.eval()
-        work_meter.attach(model, "actor")
-        rollout_engine = None
-        if s.rollout.engine == "vllm":  # before the weights take device memory (as `init_model`)
-            rollout_engine = create_vllm(s, self.rank, self.world_size, self.device, dtype, eos,
-                                         tokenizer.pad_token_id, model.config)
-        model.to(device=self.device, dtype=dtype)
-        self.phases = PhaseSwitch(None, self.device, rollout_engine, bucket_bytes=s.rollout.weight_bucket_mb << 20,
-                                  dtype=dtype, module=model)
-        self.generator = rollout_engine or HFGenerator(model, eos, tokenizer.pad_token_id, s.rollout.batch_size)
+        rollout_engine = self._vllm(policy)  # before the weights take device memory
+        to_device(model, self.device, policy.dtype)
+        self._start_phases(model, policy, rollout_engine, None)
+
+    def _vllm(self, policy: LoadedPolicy) -> VLLMGenerator | None:
+        """The vLLM engine of `rollout.engine: vllm` (`policy.create_vllm`), else None."""
+        if self.spec.rollout.engine != "vllm":
+            return None
+        return create_vllm(self.spec, self.rank, self.world_size, self.device, policy.dtype, policy.eos,
+                           policy.tokenizer.pad_token_id, policy.model.config)
+
+    def _start_phases(self, module, policy: LoadedPolicy, rollout_engine, train_engine) -> None:
+        """The phase switch and the generator over `module` (the training engine's, or a policy for
+        generation alone: `train_engine` None), and the episode runner."""
+        s = self.spec
+        pad, zero3 = policy.tokenizer.pad_token_id, s.optim.zero_stage == 3
+        if rollout_engine is None and zero3:
+            # ZeRO-3: whole weights for the rollout, gathered once per switch (`gathered_generator.py`).
+            rollout_engine = GatheredGenerator(module, self.device, policy.dtype, policy.eos, pad, s.rollout.batch_size)
+        self.phases = PhaseSwitch(train_engine, self.device, rollout_engine, bucket_bytes=s.rollout.weight_bucket_mb << 20,
+                                  dtype=policy.dtype, offload=s.offload_in_rollout, module=module, zero3=zero3)
+        # Without a rollout engine of its own, the generator runs on the module itself: no second copy
+        # of the weights.
+        self.generator = rollout_engine or HFGenerator(module, policy.eos, pad, s.rollout.batch_size)
         self.episodes = self._episode_runner()
 
     def _episode_runner(self) -> EpisodeRunner | None:
@@ -142,19 +127,6 @@ class ActorWorker(Worker):
         limits = EpisodeLimits(r.max_turns, r.max_response_length, r.episode_timeout_s, r.turn_discount,
                                r.max_turn_tokens, r.max_prompt_length)
         return EpisodeRunner(self.generator, self.tokenizer, load_env_class(r.env), r.env, limits)
-
-    def _with_adapters(self, model):
-        """LoRA adapters on `model` when the spec has them (only they train). Adapters start from
-        the run's seed, so every rank starts the same; a checkpoint's trained weights (all of
-        them, or the adapters) are restored after DeepSpeed wraps the model (`TrainEngine.load`),
-        one tensor at a time."""
-        if self.spec.lora is not None:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.spec.seed)
-                model = apply_lora(model, self.spec.lora, "actor", self.spec.model.path)
-            if self.spec.model.gradient_checkpointing:
-                model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need a grad input
-        return model
 
     def _gathered(self):
         """Full parameters at once (for export only): a no-op below ZeRO-3."""
@@ -380,16 +352,3 @@ class ActorWorker(Worker):
                     module.save_pretrained(directory, safe_serialization=True)
                 self.tokenizer.save_pretrained(directory)
 
-
-def create_vllm(spec: ActorSpec, rank: int, world_size: int, device: torch.device, dtype: torch.dtype,
-                eos: list[int], pad_token_id: int, config) -> VLLMGenerator:
-    """A vLLM engine with the actor's settings on this rank (the actor's, or `workers/rollout.py`'s)."""
-    r = spec.rollout
-    return VLLMGenerator.create(
-        spec.model.path, dtype=dtype, eos_token_ids=eos, pad_token_id=pad_token_id,
-        max_model_len=r.max_prompt_length + r.max_response_length,
-        batch_size=r.batch_size, tensor_parallel_size=r.tensor_parallel_size,
-        gpu_memory_utilization=r.gpu_memory_utilization, enforce_eager=r.enforce_eager,
-        trust_remote_code=spec.model.trust_remote_code, seed=spec.seed, rank=rank,
-        world_size=world_size, device=device, model_config=config,
-    )

@@ -28,7 +28,7 @@ from hflow.engine.rollout.vllm_copy import VLLMCopy
 from hflow.engine.rollout.rollout_batch import rollout_batch, sampling_for
 from hflow.engine.rollout.weight_sync import PackedBucket
 from hflow.engine.specs import ActorSpec
-from hflow.engine.workers.actor import create_vllm
+from hflow.engine.workers.policy import create_vllm
 
 
 class RolloutWorker(Worker):

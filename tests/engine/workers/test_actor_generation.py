@@ -1,7 +1,7 @@
 """The actor loaded for generation alone (an evaluation, `ActorWorker.init_generation`) against the
 actor loaded to train from the same checkpoint (the reference): the same evaluation rollout, token
 for token, with no training engine, gradients or optimizer state; full weights and LoRA adapters,
-float32 and bfloat16."""
+float32 and bfloat16, ZeRO-3's partitions."""
 
 import pytest
 import torch
@@ -16,8 +16,8 @@ from hflow.trainer.placement.worker_groups import build_worker_groups
 EVAL = {"n": 2, "temperature": 1.0, "max_response_length": 12, "batch_size": None}
 
 
-def _recipe(model, dtype, lora):
-    actor = {"lr": 0.05, "micro_batch_size": 8, "mini_batch_size": 8, "zero_stage": 1}
+def _recipe(model, dtype, lora, zero):
+    actor = {"lr": 0.05, "micro_batch_size": 8, "mini_batch_size": 8, "zero_stage": zero}
     if lora:
         actor["lora"] = {"rank": 4}
     return build_recipe({
@@ -34,9 +34,10 @@ def _eval_rollout(actor, prompts: Batch) -> Batch:
     return actor.generate_sequences(Batch(columns=dict(prompts.columns), meta={"step": 1, "eval": EVAL}))
 
 
-@pytest.mark.parametrize("dtype, lora", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
-def test_generation_alone_samples_what_the_training_actor_samples(tiny_model, tmp_path, dtype, lora):
-    recipe = _recipe(tiny_model, dtype, lora)
+@pytest.mark.parametrize("dtype, lora, zero", [("float32", False, 1), ("bfloat16", False, 1), ("bfloat16", True, 1),
+                                              ("float32", False, 3)])
+def test_generation_alone_samples_what_the_training_actor_samples(tiny_model, tmp_path, dtype, lora, zero):
+    recipe = _recipe(tiny_model, dtype, lora, zero)
     prompts = PromptData(recipe.data, load_tokenizer(str(tiny_model)), 0, 4).batch(1)
     trained = _actor(recipe)
     trained.init_model()
@@ -60,6 +61,8 @@ def test_generation_alone_samples_what_the_training_actor_samples(tiny_model, tm
 
     worker = alone.worker
     assert worker.train_engine is None and worker.phases.training_state_bytes() == 0
-    params = list(worker.generator.model.parameters())
+    params = list(worker.phases.module.parameters())
+    # Under ZeRO-3 the policy stays partitioned, as in training; its rollout runs on gathered weights.
+    assert all(hasattr(p, "ds_id") for p in params) == (zero == 3)
     assert params and not any(p.requires_grad or p.grad is not None for p in params)
     assert {p.dtype for p in params} == {getattr(torch, dtype)}
