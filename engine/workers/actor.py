@@ -67,7 +67,8 @@ class ActorWorker(Worker):
         s, o = self.spec, self.spec.optim
         ensure_process_group(self.device, self.rank, self.world_size)
         policy = load_policy(s, self.device)
-        model, dtype, self.tokenizer, self.generation_dtype = policy.model, policy.dtype, policy.tokenizer, policy.dtype
+        model, dtype, self.tokenizer = policy.model, policy.dtype, policy.tokenizer
+        self.generation_dtype = dtype
         rollout_engine = self._vllm(policy)  # before DeepSpeed allocates anything
         to_device(model, self.device, dtype)
         if s.model.gradient_checkpointing:
@@ -110,8 +111,9 @@ class ActorWorker(Worker):
         if rollout_engine is None and zero3:
             # ZeRO-3: whole weights for the rollout, gathered once per switch (`gathered_generator.py`).
             rollout_engine = GatheredGenerator(module, self.device, policy.dtype, policy.eos, pad, s.rollout.batch_size)
-        self.phases = PhaseSwitch(train_engine, self.device, rollout_engine, bucket_bytes=s.rollout.weight_bucket_mb << 20,
-                                  dtype=policy.dtype, offload=s.offload_in_rollout, module=module, zero3=zero3)
+        self.phases = PhaseSwitch(train_engine, self.device, rollout_engine,
+                                  bucket_bytes=s.rollout.weight_bucket_mb << 20, dtype=policy.dtype,
+                                  offload=s.offload_in_rollout, module=module, zero3=zero3)
         # Without a rollout engine of its own, the generator runs on the module itself: no second copy
         # of the weights.
         self.generator = rollout_engine or HFGenerator(module, policy.eos, pad, s.rollout.batch_size)
