@@ -97,6 +97,25 @@ def test_hflow_eval_scores_a_checkpoint_and_the_final_model(tmp_path, tiny_model
     _compare_final_with_base(tmp_path, recipe, checkpoints / "step_000004", logged)
 
 
+@pytest.mark.parametrize("zero", [0, 2])
+def test_hflow_eval_of_a_bfloat16_checkpoint_reproduces_training_s_scores(tmp_path, tiny_model, zero):
+    # bfloat16 weights with float32 masters (DeepSpeed's wrappers): `hflow eval` builds no training engine
+    # and reads the masters alone, rounded to bfloat16 as training rounds them for its own evaluation.
+    bf16 = ["--set", "model.dtype=bfloat16", "--set", f"actor.zero_stage={zero}", "--set", "trainer.eval_every=2",
+            "--set", "trainer.total_steps=2"]
+    run = _train(tmp_path, tiny_model, "run", *EVAL, *bf16)
+    logged = {e["step"]: e for e in read_events(run)}
+    # With the base model beside it on the same seeds: the checkpoint's own weights were read.
+    result = run_hflow("eval", str(run / "recipe.yaml"), "--checkpoint", str(run / "checkpoints" / "step_000002"),
+                       "--compare", "base", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:3] for line in result.stdout.splitlines() if line.startswith("eval/")}
+    assert set(rows) == EVAL_KEYS - {"timing/eval"}
+    for key, (a, _) in rows.items():
+        assert float(a) == pytest.approx(logged[2][key], abs=1e-4), key
+    assert any(float(a) != pytest.approx(float(b), abs=1e-4) for a, b in rows.values())
+
+
 def _check_what_each_directory_stands_for(run: Path, capsys) -> None:
     """What `--checkpoint DIR` scores (`checkpoint_source`: a checkpoint's actor weights with its own
     step's seeds, or a model directory as model.path with the last step's), for the directories the
