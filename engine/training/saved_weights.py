@@ -32,13 +32,13 @@ def load_saved_weights(module: torch.nn.Module, directory: Path) -> None:
     trained = {name: p for name, p in module.named_parameters() if p.requires_grad}
     path = Path(directory) / WEIGHTS_FILE
     with safe_open(str(path), "pt") as saved:
-        names = set(saved.keys())
-        _check_names(path, names, set(trained))
-        for name, param in trained.items():
+        _check_names(path, set(saved.keys()), set(trained))
+        for name, param in trained.items():  # every shape before any write: a refused file changes nothing
             shape = tuple(getattr(param, "ds_shape", param.shape))  # a ZeRO-3 partition's whole shape
             if tuple(saved.get_slice(name).get_shape()) != shape:
                 raise UserError(f"{path}: {name} has shape {tuple(saved.get_slice(name).get_shape())}, the "
                                 f"recipe's model {shape}: the checkpoint is of another model")
+        for name, param in trained.items():
             with _whole(param), torch.no_grad():
                 param.copy_(saved.get_tensor(name))
 
