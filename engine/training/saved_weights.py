@@ -35,9 +35,10 @@ def load_saved_weights(module: torch.nn.Module, directory: Path) -> None:
         _check_names(path, set(saved.keys()), set(trained))
         for name, param in trained.items():  # every shape before any write: a refused file changes nothing
             shape = tuple(getattr(param, "ds_shape", param.shape))  # a ZeRO-3 partition's whole shape
-            if tuple(saved.get_slice(name).get_shape()) != shape:
-                raise UserError(f"{path}: {name} has shape {tuple(saved.get_slice(name).get_shape())}, the "
-                                f"recipe's model {shape}: the checkpoint is of another model")
+            found = tuple(saved.get_slice(name).get_shape())
+            if found != shape:
+                raise UserError(f"{path}: {name} has shape {found}, the recipe's model {shape}: the checkpoint "
+                                "is of another model")
         for name, param in trained.items():
             with _whole(param), torch.no_grad():
                 param.copy_(saved.get_tensor(name))

@@ -76,7 +76,7 @@ class ActorWorker(Worker):
         self.train_engine = TrainEngine.for_role(model, o, self.world_size, self.device, dtype)
         if checkpoint:
             self.train_engine.load(Path(checkpoint))
-        self._start_phases(self.train_engine.module, policy, rollout_engine, self.train_engine)
+        self._start_phases(policy, rollout_engine, self.train_engine)
 
     @register(Dispatch.ONE_TO_ALL)
     def init_generation(self, checkpoint: str | None = None) -> None:
@@ -94,7 +94,7 @@ class ActorWorker(Worker):
         model.eval()
         rollout_engine = self._vllm(policy)  # before the weights take device memory
         to_device(model, self.device, policy.dtype)
-        self._start_phases(model, policy, rollout_engine, None)
+        self._start_phases(policy, rollout_engine, None)
 
     def _vllm(self, policy: LoadedPolicy) -> VLLMGenerator | None:
         """The vLLM engine of `rollout.engine: vllm` (`policy.create_vllm`), else None."""
@@ -103,10 +103,10 @@ class ActorWorker(Worker):
         return create_vllm(self.spec, self.rank, self.world_size, self.device, policy.dtype, policy.eos,
                            policy.tokenizer.pad_token_id, policy.model.config)
 
-    def _start_phases(self, module, policy: LoadedPolicy, rollout_engine, train_engine) -> None:
-        """The phase switch and the generator over `module` (the training engine's, or a policy for
-        generation alone: `train_engine` None), and the episode runner."""
-        s = self.spec
+    def _start_phases(self, policy: LoadedPolicy, rollout_engine, train_engine) -> None:
+        """The phase switch and the generator over the policy's module (the one `train_engine` wraps,
+        or, with `train_engine` None, a policy for generation alone), and the episode runner."""
+        s, module = self.spec, policy.model
         pad, zero3 = policy.tokenizer.pad_token_id, s.optim.zero_stage == 3
         if rollout_engine is None and zero3:
             # ZeRO-3: whole weights for the rollout, gathered once per switch (`gathered_generator.py`).
