@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hflow.engine.kernels import decode_attention
+
 # Share prompts from this many prompt keys that each step would read again for a prompt's other
 # samples: (repeat - 1) x prompt width (the crossover above lies between 192 and 288).
 SHARED_PROMPT_KEYS = 384
@@ -58,6 +60,8 @@ class RowCache:
     def __init__(self, prefill, mask: torch.Tensor, repeat: int, max_new_tokens: int, manual: bool):
         self.columns = mask.shape[1]  # filled so far
         self.manual = manual
+        # The written-out attention as one compiled kernel where it can be built (`kernels/`).
+        self.kernel = decode_attention.available() if manual else None
         self.keys, self.values = [], []
         for layer in prefill.layers:
             keys, values = _buffers(layer, mask.shape[0] * repeat, self.columns + max_new_tokens)
@@ -77,6 +81,8 @@ class RowCache:
     def attention(self, q: torch.Tensor, i: int, scale: float) -> torch.Tensor:
         """q (B, kv_heads, group, head_dim) against layer i's filled columns, the step's included."""
         end = self.columns + 1
+        if self.kernel is not None:
+            return self.kernel(q, self.keys[i], self.values[i], self.attend, end, scale)
         keys, values, attend = self.keys[i][:, :, :end], self.values[i][:, :, :end], self.attend[..., :end]
         if self.manual:
             scores = torch.matmul(q * scale, keys.transpose(-1, -2)).add_(attend)

@@ -5,6 +5,7 @@ after rows leave the batch, with either CPU product route; the engine samples th
 import pytest
 import torch
 
+from hflow.engine.kernels import decode_attention
 from hflow.engine.padding import positions
 from hflow.engine.rollout import decode_cache
 from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache, shares_prompts
@@ -35,13 +36,17 @@ def test_the_layout_is_chosen_by_the_prompt_keys_a_step_would_read_again():
     assert not shares_prompts(False, 16, 10_000)  # SDPA's fused attention (GPU, bfloat16) repeats
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_shared_prompts_decode_as_the_forward_on_a_repeated_cache(shared, monkeypatch, cpu_products):
+@pytest.mark.parametrize("layout", ["shared", "rows", "rows without the compiled kernel"])
+def test_shared_prompts_decode_as_the_forward_on_a_repeated_cache(layout, monkeypatch, cpu_products):
     """3 prompts of 5, 2 and 7 tokens (left-padded), 3 samples each; after two steps rows 1, 4 and 5
     leave (the last rows fill their slots), after three the first prompt's last samples (its whole
     group gone: the shared cache keeps only the other two prompts), then a fifth step: every step's
-    logits are the forward's."""
+    logits are the forward's. The row cache attends through the compiled kernel where it can be
+    built (`engine/kernels/`), and through torch's products without it."""
+    shared = layout == "shared"
     monkeypatch.setattr(decode_cache, "SHARED_PROMPT_KEYS", 1 if shared else 10**6)
+    if layout.endswith("kernel"):
+        monkeypatch.setattr(decode_attention, "available", lambda: None)
     model = _model()
     g = torch.Generator().manual_seed(1)
     lengths = [5, 2, 7]
@@ -55,6 +60,10 @@ def test_shared_prompts_decode_as_the_forward_on_a_repeated_cache(shared, monkey
                                 use_cache=True).past_key_values
         fast = FastDecoder(model, prefill(), mask, 5, repeat=REPEAT)
         assert isinstance(fast.cache, SharedPromptCache if shared else RowCache)
+        if layout == "rows":
+            assert (fast.cache.kernel is None) == (decode_attention.available() is None)
+        elif not shared:
+            assert fast.cache.kernel is None
         repeated = prefill()
         repeated.batch_repeat_interleave(REPEAT)
         slow = ForwardDecoder(model, repeated, mask.repeat_interleave(REPEAT, 0))

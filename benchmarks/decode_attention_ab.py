@@ -1,0 +1,104 @@
+"""The decoding step's attention through the compiled kernel (`engine/kernels/decode_attention.c`)
+against torch's products (`RowCache`'s eager path), side by side in one process, rounds alternating.
+
+    python benchmarks/decode_attention_ab.py --threads 2
+    python benchmarks/decode_attention_ab.py --rollout grpo/quickstart --set model.path=/tmp/m/small ...
+
+Without `--rollout`: the attention alone at the shapes of the 3.5M, 27.5M and SmolLM2 models'
+decoding steps (every layer's own keys and values, so the cache is cold as in a step), milliseconds
+for all the layers of one step, and the time of one plain read of the same keys and values (`sum`,
+the memory's rate: the limit). With `--rollout RECIPE`: the recipe's own rollouts (`--set` as for
+`hflow train`), the kernel turned off and on between calls; seconds per rollout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+# name: rows, key-value heads, query heads per key-value head, head width, columns read, layers
+SHAPES = {
+    "3.5M, 64 rows, 40 columns": (64, 8, 1, 32, 40, 4),
+    "3.5M, 64 rows, 70 columns": (64, 8, 1, 32, 70, 4),
+    "27.5M, 64 rows, 40 columns": (64, 8, 1, 64, 40, 8),
+    "SmolLM2, 32 rows, 70 columns": (32, 3, 3, 64, 70, 30),
+    "27.5M, 16 rows, 1,000 columns": (16, 8, 1, 64, 1000, 8),
+}
+
+
+def _eager(q, keys, values, mask, end, scale):
+    scores = torch.matmul(q * scale, keys[:, :, :end].transpose(-1, -2)).add_(mask[..., :end])
+    return torch.matmul(scores.softmax(-1), values[:, :, :end])
+
+
+def attention(rounds: int) -> None:
+    from hflow.engine.kernels import decode_attention
+
+    kernel = decode_attention.available()
+    if kernel is None:
+        raise SystemExit("the kernel could not be built here (run with logging at INFO for the reason)")
+    for name, (rows, heads, group, width, end, layers) in SHAPES.items():
+        capacity = end + 16
+        caches = [(torch.randn(rows, heads, group, width), torch.randn(rows, heads, capacity, width),
+                   torch.randn(rows, heads, capacity, width)) for _ in range(layers)]
+        mask = torch.zeros(rows, 1, 1, capacity)
+        mask[::2, ..., :3] = float("-inf")
+        ways = {"torch": _eager, "kernel": kernel,
+                "read": lambda q, k, v, m, e, s: (k[:, :, :e].sum(), v[:, :, :e].sum())}
+        times = {way: [] for way in ways}
+        for r in range(rounds):
+            for way in (list(ways) if r % 2 else list(ways)[::-1]):
+                start = time.perf_counter()
+                for q, keys, values in caches:
+                    ways[way](q, keys, values, mask, end, width ** -0.5)
+                times[way].append((time.perf_counter() - start) * 1e3)
+        eager, fused, read = (statistics.median(times[w]) for w in ("torch", "kernel", "read"))
+        print(f"{name:32s} torch {eager:7.3f} ms  kernel {fused:7.3f} ms  ({eager / fused:.2f}x)  "
+              f"plain read {read:7.3f} ms (kernel at {read / fused:.0%} of it)")
+
+
+def rollout(recipe_name: str, overrides: list[str], rounds: int) -> None:
+    import hflow.cli  # noqa: F401  (the command's host-memory and thread settings)
+    from hflow.engine.groups.worker import resolve
+    from hflow.engine.kernels import decode_attention
+    from hflow.trainer.config.load import load_recipe
+    from hflow.trainer.work.bench import _actor
+
+    kernel = decode_attention.available
+    recipe, _ = load_recipe(recipe_name, ["trainer.eval_every=0", *overrides])
+    groups, data = _actor(recipe)
+    actor = groups["actor"]
+    resolve(actor.generate_sequences(data.batch(1)))  # warm-up
+    times = {"torch": [], "kernel": []}
+    for r in range(rounds):
+        for way in (("torch", "kernel") if r % 2 else ("kernel", "torch")):
+            decode_attention.available = kernel if way == "kernel" else (lambda: None)
+            start = time.perf_counter()
+            resolve(actor.generate_sequences(data.batch(2 + r)))
+            times[way].append(time.perf_counter() - start)
+    decode_attention.available = kernel
+    for way, seconds in times.items():
+        print(f"{way:6s} median {statistics.median(seconds):.3f} s  ({', '.join(f'{s:.3f}' for s in seconds)})")
+    print(f"kernel faster by {statistics.median(times['torch']) / statistics.median(times['kernel']):.3f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=0, help="torch's thread count (0: torch's own)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rollout", metavar="RECIPE", help="time the recipe's rollouts instead")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.rollout:
+        rollout(args.rollout, args.set, args.rounds)
+    else:
+        attention(args.rounds)
+
+
+if __name__ == "__main__":
+    main()

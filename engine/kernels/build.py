@@ -1,0 +1,161 @@
+"""Compiling a kernel's C source on first use, and loading it from the user's own cache.
+
+A kernel is one C file beside this module (`decode_attention.c`), built into a shared library with
+the host's C compiler, its vector instructions (`-march=native`) and OpenMP, and loaded with
+ctypes: no build step at install, no torch headers (a build takes about a third of a second). It
+links the OpenMP runtime torch has already loaded (its own copy of libgomp), so that the kernel's
+threads are torch's threads: a second runtime would start a second team of spinning threads on the
+same cores.
+
+The library goes to `$XDG_CACHE_HOME/hflow/kernels` (`~/.cache/hflow/kernels`), named by a hash of
+everything that shapes it: the source, the flags, the compiler's version, the CPU's model and
+flags (a home directory shared by machines of different CPUs keeps one build per CPU), the
+OpenMP runtime's path. A library is code this process will run, so the folder must be the user's
+own and writable by no one else, and so must the file (checked before each load; built to a
+temporary name and renamed into place, so that processes building at once never load half a file).
+
+Where there is no C compiler, no libgomp in the process (a torch built with another OpenMP), a
+folder or file someone else could have written, or a failed build, `load` answers None and says
+why once: the caller keeps its torch path. `HFLOW_CPU_KERNELS=off` turns every kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCES = Path(__file__).parent
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno"]
+BUILD_SECONDS = 120
+
+
+class Unavailable(Exception):
+    """Why a kernel cannot be used here (said once, in the log)."""
+
+
+def enabled() -> bool:
+    return os.environ.get("HFLOW_CPU_KERNELS", "on").strip().lower() not in {"off", "0", "false", "no"}
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The kernel `name` (`name.c` here), built if this CPU has no build of it yet; None where it
+    cannot be used (`enabled`, `Unavailable`), said once."""
+    if not enabled():
+        return None
+    try:
+        return ctypes.CDLL(str(_library(name)))
+    except (Unavailable, OSError) as err:
+        log.info("the %s kernel is not used, the torch path is: %s", name, err)
+        return None
+
+
+def cache_folder() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hflow" / "kernels"
+
+
+def _library(name: str) -> Path:
+    source = SOURCES / f"{name}.c"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise Unavailable("no C compiler (cc, gcc or $CC) on PATH")
+    openmp = openmp_runtime()
+    version = _run([compiler, "--version"], "the compiler's --version").splitlines()[0]
+    key = "\n".join([source.read_text(), " ".join(FLAGS), version, _cpu(), str(openmp)])
+    folder = _own_folder(cache_folder())
+    library = folder / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    if not library.exists():
+        fd, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".so")
+        os.close(fd)
+        try:
+            _run([compiler, *FLAGS, str(source), "-o", partial, str(openmp), f"-Wl,-rpath,{openmp.parent}", "-lm"],
+                 f"building {source.name}")
+            os.chmod(partial, 0o755)
+            os.replace(partial, library)
+        finally:
+            Path(partial).unlink(missing_ok=True)
+    _check_own(library)
+    return library
+
+
+def openmp_runtime() -> Path:
+    """The OpenMP runtime torch's kernels run on: the libgomp that torch's library names, as this
+    process has it loaded (found by that name, as the loader finds it; a process can hold other
+    copies: sentencepiece brings its own)."""
+    import torch
+
+    needed = _run(["readelf", "-d", str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")],
+                  "reading torch's library")
+    names = re.findall(r"\(NEEDED\)\s+Shared library: \[(libgomp[^\]]*)\]", needed)
+    if not names:
+        raise Unavailable("torch's kernels do not run on libgomp")
+    try:
+        runtime = ctypes.CDLL(names[0], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError as err:
+        raise Unavailable(f"torch's OpenMP runtime {names[0]} is not loaded ({err})") from None
+    return library_of(ctypes.cast(runtime.omp_get_max_threads, ctypes.c_void_p).value)
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def library_of(address: int) -> Path:
+    """The file of the loaded library that holds this code address (`dladdr`)."""
+    info = _DlInfo()
+    if not ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.dli_fname:
+        raise Unavailable(f"no loaded library holds address {address:#x}")
+    return Path(os.fsdecode(info.dli_fname)).resolve()
+
+
+def _cpu() -> str:
+    """The CPU's model and instruction flags (the library is built for them)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return os.uname().machine
+    wanted = [line for line in lines if line.split(":")[0].strip() in {"model name", "flags", "Features"}]
+    return "\n".join(dict.fromkeys(wanted))
+
+
+def _run(command: list[str], what: str) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise Unavailable(f"{what} failed: {err}") from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise Unavailable(f"{what} failed (exit {done.returncode}): {' | '.join(tail)}")
+    return done.stdout
+
+
+def _own_folder(folder: Path) -> Path:
+    """The cache folder, made if missing; it and the folder above it (hflow's) must be the user's own."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_own(folder.parent)
+    _check_own(folder)
+    return folder
+
+
+def _check_own(path: Path) -> None:
+    """A folder or library this process will load code from: the user's own, writable by no one else."""
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        raise Unavailable(f"{path} is a symbolic link")
+    if st.st_uid != os.getuid():
+        raise Unavailable(f"{path} belongs to another user (uid {st.st_uid})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise Unavailable(f"{path} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):o})")

@@ -1,0 +1,126 @@
+"""The decoding step's attention kernel (engine/kernels/decode_attention.c) against the eager
+products it replaces (`RowCache`'s: two batched products and a softmax), on the shapes it meets:
+one or several query heads per key-value head, the unrolled head widths and others, a prompt's
+left padding, rows left by finished samples, scores too many for one thread's stack."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hflow.engine.kernels import decode_attention
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="no C compiler: the kernel cannot be built here")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    found = decode_attention.available()
+    assert found is not None, "the kernel was not built on a machine with a C compiler (see the log)"
+    return found
+
+
+def _eager(q, keys, values, mask, end, scale):
+    scores = torch.matmul(q * scale, keys[:, :, :end].transpose(-1, -2)).add_(mask[..., :end])
+    return torch.matmul(scores.softmax(-1), values[:, :, :end])
+
+
+def _inputs(rows, kv_heads, group, head_dim, capacity, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, kv_heads, group, head_dim, generator=g)
+    keys, values = (torch.randn(rows, kv_heads, capacity, head_dim, generator=g) for _ in range(2))
+    mask = torch.zeros(rows, 1, 1, capacity)
+    for r in range(rows):  # row r's prompt left-padded by r % 5 columns
+        mask[r, ..., :r % 5] = float("-inf")
+    return q, keys, values, mask
+
+
+@pytest.mark.parametrize("group, head_dim", [(1, 32), (3, 64), (1, 128), (2, 16), (7, 48)])
+@pytest.mark.parametrize("end", [6, 37, 300])
+def test_the_kernel_gives_the_eager_products_attention(kernel, group, head_dim, end):
+    q, keys, values, mask = _inputs(9, 2, group, head_dim, 320)
+    out = kernel(q, keys, values, mask, end, head_dim ** -0.5)
+    torch.testing.assert_close(out, _eager(q, keys, values, mask, end, head_dim ** -0.5), rtol=1e-5, atol=2e-6)
+
+
+def test_padding_is_never_attended(kernel):
+    """Values at masked columns of 1e30: any weight on them would show."""
+    q, keys, values, mask = _inputs(5, 2, 2, 32, 12)
+    keys[1:, :, :3], values[1:, :, :3] = 1e3, 1e30
+    mask[1:, ..., :3] = float("-inf")
+    out = kernel(q, keys, values, mask, 10, 0.2)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[1:], _eager(q[1:], keys[1:, :, 3:], values[1:, :, 3:], mask[1:, ..., 3:], 7, 0.2),
+                               rtol=1e-5, atol=2e-6)
+
+
+def test_rows_of_a_compacted_cache_and_a_query_cut_from_a_wider_tensor(kernel):
+    """A cache after rows left (`RowCache.select`: the buffers' first rows, their strides unchanged)
+    and q as the decoding step cuts it from the rotary pass's output (rows not contiguous)."""
+    q_wide, keys, values, mask = _inputs(8, 2, 3, 32, 24)
+    q = q_wide.reshape(8, 6, 32)[:, :4].view(8, 2, 2, 32)  # 2 of 3 query heads per key-value head
+    keys, values, mask = keys[:5], values[:5], mask[[4, 1, 0, 3, 2]]
+    q = q[:5]
+    assert not q.is_contiguous()
+    out = kernel(q, keys, values, mask, 20, 0.3)
+    torch.testing.assert_close(out, _eager(q, keys, values, mask, 20, 0.3), rtol=1e-5, atol=2e-6)
+
+
+def test_more_scores_than_a_stack_holds(kernel):
+    """8 query heads x 3,000 columns of scores per pair: each thread's scratch is allocated."""
+    q, keys, values, mask = _inputs(2, 1, 8, 32, 3000)
+    out = kernel(q, keys, values, mask, 3000, 0.1)
+    torch.testing.assert_close(out, _eager(q, keys, values, mask, 3000, 0.1), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_result_does_not_depend_on_the_threads(kernel, threads):
+    q, keys, values, mask = _inputs(16, 4, 1, 64, 40)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(q, keys, values, mask, 33, 0.125)
+        torch.set_num_threads(threads)
+        assert torch.equal(kernel(q, keys, values, mask, 33, 0.125), one)  # each pair on one thread
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bad", ["dtype", "keys_layout", "end", "mask_rows"])
+def test_a_layout_the_kernel_would_misread_is_refused(kernel, bad):
+    q, keys, values, mask = _inputs(4, 2, 1, 32, 16)
+    end = 10
+    if bad == "dtype":
+        q = q.double()
+    elif bad == "keys_layout":
+        keys = keys.transpose(2, 3).contiguous().transpose(2, 3)
+    elif bad == "end":
+        end = 17
+    else:
+        mask = mask[:3]
+    with pytest.raises(ValueError, match="decoding attention kernel"):
+        kernel(q, keys, values, mask, end, 0.1)
+
+
+def test_the_kernel_runs_on_torch_s_own_openmp_runtime(tmp_path):
+    """The kernel's OpenMP calls go to the libgomp torch runs on (its threads are torch's, not a
+    second spinning team), also in a process that loaded another libgomp first (sentencepiece's)."""
+    script = """
+import ctypes, importlib.util, sys
+if importlib.util.find_spec("sentencepiece"):
+    import sentencepiece  # its own copy of libgomp, loaded before torch's
+import torch
+from hflow.engine.kernels import build
+library = build.load("decode_attention")
+gomp_parallel = ctypes.cast(library.GOMP_parallel, ctypes.c_void_p).value
+print(build.library_of(gomp_parallel), build.openmp_runtime(), sep="\\n")
+"""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    used, torch_s = done.stdout.split()
+    assert used == torch_s and "gomp" in used
