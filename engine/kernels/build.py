@@ -33,8 +33,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from hflow.errors import UserError
+
 log = logging.getLogger(__name__)
 
+ENV = "HFLOW_CPU_KERNELS"
 SOURCES = Path(__file__).parent
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno"]
 BUILD_SECONDS = 120
@@ -44,8 +47,16 @@ class Unavailable(Exception):
     """Why a kernel cannot be used here (said once, in the log)."""
 
 
+class KernelSettingError(UserError):
+    """HFLOW_CPU_KERNELS is neither on nor off."""
+
+
 def enabled() -> bool:
-    return os.environ.get("HFLOW_CPU_KERNELS", "on").strip().lower() not in {"off", "0", "false", "no"}
+    """HFLOW_CPU_KERNELS: "on" (the default, also when empty) or "off"."""
+    value = os.environ.get(ENV, "on").strip().lower() or "on"
+    if value not in ("on", "off"):
+        raise KernelSettingError(f"environment {ENV}={os.environ[ENV]!r}: accepted values are on, off")
+    return value == "on"
 
 
 @functools.cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hflow.engine.kernels import build as kernels
 from hflow.errors import UserError
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.config.step_memory import check_step
@@ -15,11 +16,12 @@ from hflow.trainer.placement.memory_check import check_memory
 
 
 def check_runtime(recipe: Recipe, origin: str, roles: list[str] | None = None) -> None:
-    """The engine's availability, a training step against the model's context and this machine's
+    """The engine's availability, the CPU kernels' setting, a training step against the model's context and this machine's
     memory (`config/step_memory.py`; when `roles` is None, a training run's), and a GPU recipe's
     models against its GPUs' memory as hflow runs them (`memory_check.py`; `roles`: those the
     command starts). `origin` names the file in errors."""
     _check_engine(recipe, origin)
+    kernels.enabled()  # HFLOW_CPU_KERNELS is on or off
     if roles is None:
         check_step(recipe, origin)
     check_memory(recipe, origin, roles)

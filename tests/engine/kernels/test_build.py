@@ -10,6 +10,7 @@ import stat
 import pytest
 
 from hflow.engine.kernels import build
+from hflow.errors import UserError
 
 COMPILER = shutil.which("cc") or shutil.which("gcc")
 needs_compiler = pytest.mark.skipif(COMPILER is None, reason="no C compiler: nothing to build here")
@@ -49,6 +50,17 @@ def test_built_once_into_the_user_s_own_folder(monkeypatch, tmp_path):
 def test_turned_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("HFLOW_CPU_KERNELS", "off")
     assert build.load("decode_attention") is None
+
+
+def test_a_setting_that_is_neither_on_nor_off_is_refused_before_a_run_starts(monkeypatch, tmp_path):
+    from hflow.trainer.config.load import load_recipe
+    from hflow.trainer.control.preflight import check_runtime
+
+    monkeypatch.setenv("HFLOW_CPU_KERNELS", "maybe")
+    recipe, origin = load_recipe("grpo/quickstart", [])
+    with pytest.raises(UserError) as err:
+        check_runtime(recipe, origin)
+    assert str(err.value) == "environment HFLOW_CPU_KERNELS='maybe': accepted values are on, off"
 
 
 @pytest.mark.parametrize("how", ["folder", "library", "link"])
