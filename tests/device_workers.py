@@ -17,8 +17,9 @@ class DeviceWorker(Worker):
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def where(self) -> dict:
         """This rank's device, the current CUDA device, its GPU's UUID (one per physical GPU), and the
-        run's choice of CPU product kernels as the rank sees it."""
+        run's choice of CPU product kernels and of its compiled kernels as the rank sees them."""
         cuda = torch.device(self.device).type == "cuda"
         return {"device": self.device, "current": torch.cuda.current_device() if cuda else None,
                 "uuid": str(torch.cuda.get_device_properties(self.device).uuid) if cuda else None,
-                "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "products": os.environ.get("HFLOW_CPU_PRODUCTS")}
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "products": os.environ.get("HFLOW_CPU_PRODUCTS"),
+                "kernels": os.environ.get("HFLOW_CPU_KERNELS")}

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from hflow.engine import cpu_products
+from hflow.engine.kernels import build as kernels
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
 from hflow.engine.groups.dist import cuda_index, free_port, is_loopback
@@ -271,8 +272,9 @@ class RayCluster:
         ray.get(pg.ready(), timeout=120)
         self.placement_groups.append(pg)
         actor_cls = ray.remote(FusedWorker)
-        # The run's choice of CPU product kernels (`cpu_products.settle`), on every node.
-        handles, env = [], ({cpu_products.ENV: os.environ[cpu_products.ENV]} if cpu_products.ENV in os.environ else {})
+        # The run's choice of CPU product kernels (`cpu_products.settle`) and whether its compiled
+        # kernels run (`kernels/build.py`), on every node.
+        handles, env = [], {key: os.environ[key] for key in (cpu_products.ENV, kernels.ENV) if key in os.environ}
         for rank in range(pool.world_size):
             strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
             handle = actor_cls.options(scheduling_strategy=strategy, num_cpus=1,

@@ -235,13 +235,14 @@ def test_the_watchdog_names_a_stalled_worker_and_its_process_ends(ray_cluster, m
 
 def test_every_rank_computes_its_cpu_products_as_the_driver_chose(ray_cluster, monkeypatch):
     """The run's choice (`cpu_products.settle`, made after this Ray instance started, so not in its
-    environment) reaches each rank: no rank measures for itself."""
+    environment) reaches each rank: no rank measures for itself; so does HFLOW_CPU_KERNELS."""
     from device_workers import DeviceWorker
 
     from hflow.engine.groups.ray_backend import RayCluster
     from hflow.engine.groups.worker import ResourcePool
 
     monkeypatch.setenv("HFLOW_CPU_PRODUCTS", "blas")
+    monkeypatch.setenv("HFLOW_CPU_KERNELS", "off")
     cluster = RayCluster(None, worker_timeout_s=120)
     pool = ResourcePool("cpus", ["cpu", "cpu"])
     try:
@@ -249,6 +250,7 @@ def test_every_rank_computes_its_cpu_products_as_the_driver_chose(ray_cluster, m
     finally:
         cluster.shutdown()
     assert [r["products"] for r in ranks] == ["blas", "blas"]
+    assert [r["kernels"] for r in ranks] == ["off", "off"]
 
 
 def test_a_result_over_streamed_chunks_is_cut_back_to_each_chunk_without_leaving_the_store(ray_cluster):
