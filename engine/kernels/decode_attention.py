@@ -2,12 +2,14 @@
 (`decode_attention.c`): what `decode_cache.RowCache` computes with two batched products and a
 softmax on a CPU in float32, reading each row's keys and values once.
 
-Against the eager products, side by side on the 2-core AVX2 machine (2026-11-29; the attention of
-one decoding step's layers, cache cold, 2 threads; `benchmarks/decode_attention_ab.py`): the 3.5M
-model's (64 rows, 8 heads of 32, 40 columns, 4 layers) 1.65x, SmolLM2's (32 rows, 3 key-value
-heads of 3 query heads, 70 columns, 30 layers) 2.06x, the 27.5M model's at 1,000 columns x 16 rows
-1.39x (71% of a plain read of the same keys and values). The two differ by summation order and
-the exponential's last bits: about 1e-6 of the output.
+Against the eager products, side by side on a 2-core AVX2 EPYC, 2 threads (the attention of all
+of one decoding step's layers, each layer's own keys and values, so cold in cache;
+`benchmarks/decode_attention_ab.py`): the 3.5M model's shapes (64 rows, 8 heads of 32, 40 and 70
+columns, 4 layers) 1.35x and 1.21x, the 27.5M model's (heads of 64, 8 layers) 1.49x, SmolLM2's (32
+rows, 3 key-value heads of 3 query heads, 70 columns, 30 layers) 1.46x, the 27.5M model's at 16
+rows x 1,000 columns 1.51x; the kernel at 59-85% of the time of a plain read of the same keys
+and values. The two differ by summation order and the exponential's last bits: about 1e-6 of the
+output.
 """
 
 from __future__ import annotations
