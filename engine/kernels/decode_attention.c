@@ -1,17 +1,21 @@
 /* One decoding step's attention for every row and key-value head in one pass over the KV cache.
 
-   Eager torch runs it as two batched products and a softmax: one small product per row and head,
-   each a library call, reading the keys at about half the memory's rate, and the scores written
-   out and read back between the three kernels. Here each (row, head) pair reads its keys once
-   (all of its `group` query heads' scores from each key), takes the softmax while the scores are
-   in cache, and reads its values once. Compiled by `build.py` with the host's vector instructions
-   and OpenMP (torch's own runtime: the pairs are shared by torch's threads).
+   Eager torch runs it as batched products and a softmax: one small product per row and head, each a
+   library call, reading the keys at about half the memory's rate, and the scores written out and
+   read back between the kernels. Here each (row, head) pair reads its keys once (all of its `group`
+   query heads' scores from each key), takes the softmax while the scores are in cache, and reads
+   its values once. Compiled by `build.py` with the host's vector instructions and OpenMP (torch's
+   own runtime: the pairs are shared by torch's threads).
 
-   Layout (float32, as `decode_cache.RowCache` holds them):
+   Layout (float32, as the caches of `decode_cache.py` hold them):
      q     (rows, kv_heads, group, head_dim); row r at q + r * q_row, the rest contiguous
-     keys, values  (rows, kv_heads, capacity, head_dim) buffers; columns [0, end) are read
+     keys, values  (rows, kv_heads, capacity, head_dim) buffers, row r at r * cache_row, head h at
+           h * cache_head, each head's columns contiguous
      mask  (rows, 1, 1, capacity): 0 where attended, -inf at a prompt's left padding
      out   (rows, kv_heads, group, head_dim), contiguous
+   `decode_attention` reads columns [0, end) of each row's buffers (`RowCache`: the prompt repeated
+   to each sample's row); `decode_attention_shared` reads row r's prompt's columns (held once for
+   its samples, with their own mask) and then [0, own) of its own buffers (`SharedPromptCache`).
    The column of the step's own token is always attended, so no row's softmax is empty. */
 
 #include <math.h>
@@ -36,24 +40,46 @@ static inline float exp_nonpositive(float x) {
     return p * two_n.f;
 }
 
-/* One (row, head) pair: scores (group x end) into `scratch`, then each query head's softmax and its
-   values' weighted sum into `acc` (group x head_dim, also in `scratch`). Inlined with head_dim a
-   constant for the common widths, so that the inner loops unroll into vector registers. */
-static inline __attribute__((always_inline)) void attend_pair(
-        const float *restrict q, const float *restrict keys, const float *restrict values,
-        const float *restrict mask, float *restrict out, int group, const int head_dim, int end,
-        float scale, float *restrict scratch) {
-    float *scores = scratch, *acc = scratch + (long)group * end;
-    for (int j = 0; j < end; j++) {
+/* One (row, head) pair over its columns, which lie in two parts: `shared` columns of keys and
+values its prompt's other samples read too (the prompt's, held once; `shared_mask` masks their
+padding) and `own` columns of its own. Scores (group x columns) go to `scratch`, then each query
+head's softmax over both parts and its values' weighted sum into `acc` (group x head_dim, also in
+`scratch`). Inlined with head_dim a constant for the common widths, so that the inner loops unroll
+into vector registers. */
+static inline __attribute__((always_inline)) void score_part(
+        const float *restrict q, const float *restrict keys, const float *restrict mask, float *restrict scores,
+        int group, const int head_dim, int columns, int stride, float scale) {
+    for (int j = 0; j < columns; j++) {
         const float *key = keys + (long)j * head_dim;
         for (int g = 0; g < group; g++) {
             const float *qg = q + g * head_dim;
             float dot = 0.f;
             #pragma omp simd reduction(+:dot)
             for (int d = 0; d < head_dim; d++) dot += qg[d] * key[d];
-            scores[(long)g * end + j] = dot * scale + mask[j];
+            scores[(long)g * stride + j] = dot * scale + (mask ? mask[j] : 0.f);
         }
     }
+}
+
+static inline __attribute__((always_inline)) void weigh_part(
+        const float *restrict p, const float *restrict values, float *restrict acc, const int head_dim, int columns) {
+    for (int j = 0; j < columns; j++) {
+        const float *value = values + (long)j * head_dim;
+        float w = p[j];
+        #pragma omp simd
+        for (int d = 0; d < head_dim; d++) acc[d] += w * value[d];
+    }
+}
+
+static inline __attribute__((always_inline)) void attend_pair(
+        const float *restrict q, const float *restrict shared_keys, const float *restrict shared_values,
+        const float *restrict shared_mask, int shared, const float *restrict keys, const float *restrict values,
+        const float *restrict mask, int own, float *restrict out, int group, const int head_dim, float scale,
+        float *restrict scratch) {
+    int end = shared + own;
+    float *scores = scratch, *acc = scratch + (long)group * end;
+    score_part(q, shared_keys, shared_mask, scores, group, head_dim, shared, end, scale);
+    score_part(q, keys, mask, scores + shared, group, head_dim, own, end, scale);
     for (int g = 0; g < group; g++) {
         float *s = scores + (long)g * end, *a = acc + g * head_dim;
         float top = -INFINITY;
@@ -62,24 +88,29 @@ static inline __attribute__((always_inline)) void attend_pair(
         float total = 0.f;
         #pragma omp simd reduction(+:total)
         for (int j = 0; j < end; j++) {
-            float e = mask[j] == -INFINITY ? 0.f : exp_nonpositive(s[j] - top);
+            float e = s[j] == -INFINITY ? 0.f : exp_nonpositive(s[j] - top);
             s[j] = e;
             total += e;
         }
         for (int d = 0; d < head_dim; d++) a[d] = 0.f;
-        for (int j = 0; j < end; j++) {
-            const float *value = values + (long)j * head_dim;
-            float p = s[j];
-            #pragma omp simd
-            for (int d = 0; d < head_dim; d++) a[d] += p * value[d];
-        }
+        weigh_part(s, shared_values, a, head_dim, shared);
+        weigh_part(s + shared, values, a, head_dim, own);
         float inverse = 1.f / total;
         float *o = out + g * head_dim;
         for (int d = 0; d < head_dim; d++) o[d] = a[d] * inverse;
     }
 }
 
-/* Returns 0, or 1 when a thread's scratch could not be allocated (nothing is then trusted). */
+#define DISPATCH_WIDTH(call_with_width) \
+    switch (head_dim) { \
+        case 32: call_with_width(32); break; \
+        case 64: call_with_width(64); break; \
+        case 128: call_with_width(128); break; \
+        default: call_with_width(head_dim); \
+    }
+
+/* Every row's attention to its own buffer's columns [0, end) (a `RowCache`: the prompt repeated to
+   each sample's row). Returns 0, or 1 when a thread's scratch could not be allocated. */
 int decode_attention(const float *q, long q_row, const float *keys, const float *values, long cache_row,
                      long cache_head, const float *mask, long mask_row, float *out, int rows,
                      int kv_heads, int group, int head_dim, int end, float scale, int threads) {
@@ -95,14 +126,48 @@ int decode_attention(const float *q, long q_row, const float *keys, const float 
                 const float *qh = q + r * q_row + (long)h * group * head_dim;
                 const float *k = keys + r * cache_row + h * cache_head;
                 const float *v = values + r * cache_row + h * cache_head;
-                const float *m = mask + r * mask_row;
                 float *o = out + ((long)r * kv_heads + h) * group * head_dim;
-                switch (head_dim) {
-                    case 32: attend_pair(qh, k, v, m, o, group, 32, end, scale, scratch); break;
-                    case 64: attend_pair(qh, k, v, m, o, group, 64, end, scale, scratch); break;
-                    case 128: attend_pair(qh, k, v, m, o, group, 128, end, scale, scratch); break;
-                    default: attend_pair(qh, k, v, m, o, group, head_dim, end, scale, scratch);
-                }
+                #define ROW(width) attend_pair(qh, k, v, mask + r * mask_row, end, k, v, NULL, 0, o, group, \
+                                               width, scale, scratch)
+                DISPATCH_WIDTH(ROW)
+                #undef ROW
+            }
+        }
+        free(scratch);
+    }
+    return failed;
+}
+
+/* Each row's attention to its prompt's keys and values, held once for all its samples (prompt
+   `prompt_of[r]`, `prompt_width` columns, its padding in `prompt_mask`), then to its own tokens'
+   columns [0, own) (a `SharedPromptCache`), one softmax over both. Returns as `decode_attention`,
+   with 2 added where a row names a prompt outside [0, prompts) (that row is not computed). */
+int decode_attention_shared(const float *q, long q_row, const float *prompt_keys, const float *prompt_values,
+                            long prompt_row, long prompt_head, const float *prompt_mask, long prompt_mask_row,
+                            const long *prompt_of, int prompts, int prompt_width, const float *keys,
+                            const float *values, long cache_row, long cache_head, int own, float *out, int rows,
+                            int kv_heads, int group, int head_dim, float scale, int threads) {
+    int failed = 0, end = prompt_width + own;
+    #pragma omp parallel num_threads(threads) reduction(|:failed)
+    {
+        float *scratch = malloc(sizeof(float) * ((size_t)group * end + (size_t)group * head_dim));
+        failed = scratch == NULL;
+        #pragma omp for collapse(2) schedule(static)
+        for (int r = 0; r < rows; r++) {
+            for (int h = 0; h < kv_heads; h++) {
+                long p = prompt_of[r];
+                if (p < 0 || p >= prompts) failed |= 2;
+                if (scratch == NULL || p < 0 || p >= prompts) continue;
+                const float *qh = q + r * q_row + (long)h * group * head_dim;
+                const float *pk = prompt_keys + p * prompt_row + h * prompt_head;
+                const float *pv = prompt_values + p * prompt_row + h * prompt_head;
+                const float *k = keys + r * cache_row + h * cache_head;
+                const float *v = values + r * cache_row + h * cache_head;
+                float *o = out + ((long)r * kv_heads + h) * group * head_dim;
+                #define SHARED(width) attend_pair(qh, pk, pv, prompt_mask + p * prompt_mask_row, prompt_width, \
+                                                  k, v, NULL, own, o, group, width, scale, scratch)
+                DISPATCH_WIDTH(SHARED)
+                #undef SHARED
             }
         }
         free(scratch);

@@ -1,6 +1,7 @@
-"""The decoding step's attention over a row-per-sample KV cache, as one compiled kernel
-(`decode_attention.c`): what `decode_cache.RowCache` computes with two batched products and a
-softmax on a CPU in float32, reading each row's keys and values once.
+"""The decoding step's attention as one compiled kernel (`decode_attention.c`): what the KV caches
+of `decode_cache.py` compute with batched products and a softmax on a CPU in float32, reading each
+row's keys and values once: a `RowCache`'s (`__call__`: each row's own buffer) and a
+`SharedPromptCache`'s (`shared`: its prompt's columns, held once for its samples, then its own).
 
 Against the eager products, side by side on a 2-core AVX2 EPYC, 2 threads (the attention of all
 of one decoding step's layers, each layer's own keys and values, so cold in cache;
@@ -32,6 +33,11 @@ class DecodeAttention:
         self.call.restype = _INT
         self.call.argtypes = [_POINTER, _LONG, _POINTER, _POINTER, _LONG, _LONG, _POINTER, _LONG, _POINTER,
                               _INT, _INT, _INT, _INT, _INT, ctypes.c_float, _INT]
+        self.call_shared = library.decode_attention_shared
+        self.call_shared.restype = _INT
+        self.call_shared.argtypes = [_POINTER, _LONG, _POINTER, _POINTER, _LONG, _LONG, _POINTER, _LONG, _POINTER,
+                                     _INT, _INT, _POINTER, _POINTER, _LONG, _LONG, _INT, _POINTER, _INT, _INT,
+                                     _INT, _INT, ctypes.c_float, _INT]
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                  end: int, scale: float) -> torch.Tensor:
@@ -41,32 +47,71 @@ class DecodeAttention:
         row's (kv_heads, capacity, head_dim) contiguous; mask (B, 1, 1, capacity), additive (0 or
         -inf), each row's contiguous; all float32 on the CPU. Returns (B, kv_heads, group, head_dim)."""
         rows, kv_heads, group, head_dim = q.shape
-        if q[0].stride() != (group * head_dim, head_dim, 1):
-            q = q.contiguous()
-        _check(keys, values, mask, q, end)
+        q = _query(q)
+        _check(q.shape, keys, values, mask, end)
         out = torch.empty(q.shape, dtype=torch.float32)
         failed = self.call(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), keys.stride(0),
                            keys.stride(1), mask.data_ptr(), mask.stride(0), out.data_ptr(), rows, kv_heads,
                            group, head_dim, end, scale, torch.get_num_threads())
-        if failed:
-            raise MemoryError("the decoding attention kernel could not allocate its scratch")
-        return out
+        return _checked(failed, out)
+
+    def shared(self, q: torch.Tensor, prompt_keys: torch.Tensor, prompt_values: torch.Tensor,
+               prompt_mask: torch.Tensor, prompt_of: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               own: int, scale: float) -> torch.Tensor:
+        """The same over two parts of columns, one softmax: row r's prompt's keys and values, held once
+        for all its samples (prompt_keys and prompt_values (prompts, kv_heads, width, head_dim),
+        contiguous; prompt_mask (prompts, 1, 1, width), additive; prompt_of (B,) int64: row r's
+        prompt), then columns [0, own) of its own buffers (keys and values as in `__call__`)."""
+        rows, kv_heads, group, head_dim = q.shape
+        q = _query(q)
+        _check(q.shape, keys, values, None, own)
+        prompts, width = prompt_keys.shape[0], prompt_keys.shape[2]
+        _check((prompts, kv_heads, group, head_dim), prompt_keys, prompt_values, prompt_mask, width)
+        if prompt_of.dtype != torch.int64 or prompt_of.shape != (rows,) or not prompt_of.is_contiguous():
+            raise ValueError(f"the decoding attention kernel's prompt of each row: {prompt_of.dtype} "
+                             f"{tuple(prompt_of.shape)} for {rows} rows")
+        out = torch.empty(q.shape, dtype=torch.float32)
+        failed = self.call_shared(q.data_ptr(), q.stride(0), prompt_keys.data_ptr(), prompt_values.data_ptr(),
+                                  prompt_keys.stride(0), prompt_keys.stride(1), prompt_mask.data_ptr(),
+                                  prompt_mask.stride(0), prompt_of.data_ptr(), prompts, width, keys.data_ptr(),
+                                  values.data_ptr(), keys.stride(0), keys.stride(1), own, out.data_ptr(), rows,
+                                  kv_heads, group, head_dim, scale, torch.get_num_threads())
+        return _checked(failed, out)
 
 
-def _check(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, q: torch.Tensor, end: int) -> None:
-    """The layout the kernel reads (a wrong stride would read the wrong memory, not fail)."""
-    rows, kv_heads, _, head_dim = q.shape
-    for t in (q, keys, values, mask):
+def _checked(failed: int, out: torch.Tensor) -> torch.Tensor:
+    """The kernel's answer: bit 1, a thread's scratch was not allocated; bit 2, a row named a prompt
+    outside the prompts given (nothing read for it)."""
+    if failed & 2:
+        raise ValueError("the decoding attention kernel was given a row whose prompt is not among the prompts")
+    if failed:
+        raise MemoryError("the decoding attention kernel could not allocate its scratch")
+    return out
+
+
+def _check(shape: tuple, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, end: int) -> None:
+    """The layout the kernel reads for queries of `shape` (rows, kv_heads, group, head_dim): a wrong
+    stride would read the wrong memory, not fail."""
+    rows, kv_heads, _, head_dim = shape
+    for t in (keys, values) if mask is None else (keys, values, mask):
         if t.dtype != torch.float32 or t.device.type != "cpu":
             raise ValueError(f"the decoding attention kernel takes float32 CPU tensors, not {t.dtype} on {t.device}")
     capacity = keys.shape[2]
     inner = (capacity * head_dim, head_dim, 1)
     if (keys.shape != values.shape or keys.stride() != values.stride() or keys.shape[:2] != (rows, kv_heads)
-            or keys.shape[3] != head_dim or keys.stride()[1:] != inner or mask.shape[0] != rows
-            or mask.shape[-1] != capacity or mask.stride(-1) != 1 or not 0 < end <= capacity):
-        raise ValueError(f"the decoding attention kernel's layout: q {tuple(q.shape)}, keys "
+            or keys.shape[3] != head_dim or keys.stride()[1:] != inner or not 0 < end <= capacity
+            or (mask is not None and (mask.shape[0] != rows or mask.shape[-1] != capacity or mask.stride(-1) != 1))):
+        raise ValueError(f"the decoding attention kernel's layout: q {tuple(shape)}, keys "
                          f"{tuple(keys.shape)}/{keys.stride()}, values {values.stride()}, mask "
-                         f"{tuple(mask.shape)}/{mask.stride()}, end {end}")
+                         f"{None if mask is None else (tuple(mask.shape), mask.stride())}, end {end}")
+
+
+def _query(q: torch.Tensor) -> torch.Tensor:
+    """q with each row's (kv_heads, group, head_dim) contiguous, as the kernel reads it."""
+    _, _, group, head_dim = q.shape
+    if q.dtype != torch.float32 or q.device.type != "cpu":
+        raise ValueError(f"the decoding attention kernel takes float32 CPU tensors, not {q.dtype} on {q.device}")
+    return q if q[0].stride() == (group * head_dim, head_dim, 1) else q.contiguous()
 
 
 def available() -> DecodeAttention | None:

@@ -9,13 +9,16 @@ prefill runs each prompt once; its keys and values are then either
             together, as one product per prompt and head, and to their own tokens row by row.
 
 Sharing reads a prompt's keys and values once per step instead of once per sample, and holds them
-once, for more work per step (the rows gathered into their prompts' grids and back). On a CPU in
-float32 (the step's written-out attention), with SmolLM2's heads (and the 3.5M model's where two
-figures are given), 30 layers and all rows live, it
-ran 0.82-0.92x as fast as repeating at 45-64 prompt tokens x 4 samples, 1.04x at 96, 1.14-1.20x at
-128, 1.30x at 192, 1.43x at 256 and 1.67x at 256 x 16 samples (2026-11-27, docs/benchmarks.md):
-it is taken from `SHARED_PROMPT_KEYS` repeated prompt keys a row reads per step, elsewhere (a GPU's
-fused attention, bfloat16) not at all.
+once. On a CPU in float32 both layouts attend through one compiled kernel where it can be built
+(`engine/kernels/decode_attention.c`), and there sharing was as fast or faster at every shape
+measured, from 8 prompt tokens x 4 samples (equal) to 268 x 8 (1.41x) and 512 x 16 (1.54x), the
+attention of all of a step's layers (2026-11-29, docs/benchmarks.md): it is taken from two samples
+up. With torch's products instead (no compiler), sharing costs more work per step (the rows
+gathered into their prompts' grids and back) and with SmolLM2's heads (and the 3.5M model's where
+two figures are given), 30 layers and all rows live, it ran 0.82-0.92x as fast as repeating at 45-64
+prompt tokens x 4 samples, 1.04x at 96, 1.14-1.20x at 128, 1.30x at 192, 1.43x at 256 and 1.67x
+at 256 x 16 samples (2026-11-27): then it is taken from `SHARED_PROMPT_KEYS` repeated prompt keys a
+row reads per step. Elsewhere (a GPU's fused attention, bfloat16) the prompt is repeated.
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ from hflow.engine.kernels import decode_attention
 SHARED_PROMPT_KEYS = 384
 
 
-def shares_prompts(manual: bool, repeat: int, prompt_width: int) -> bool:
+def shares_prompts(manual: bool, repeat: int, prompt_width: int, compiled: bool) -> bool:
     """Whether a batch of `repeat` samples per prompt of `prompt_width` columns decodes on a
-    `SharedPromptCache` (only with the written-out attention: `manual`)."""
-    return manual and repeat > 1 and (repeat - 1) * prompt_width >= SHARED_PROMPT_KEYS
+    `SharedPromptCache` (only with the written-out attention: `manual`; with the `compiled` kernel
+    from two samples up, else from `SHARED_PROMPT_KEYS` repeated keys)."""
+    if not manual or repeat < 2:
+        return False
+    return compiled or (repeat - 1) * prompt_width >= SHARED_PROMPT_KEYS
 
 
 def _buffers(layer, rows: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,6 +118,8 @@ class SharedPromptCache:
         self.keys, self.values = map(list, zip(*(_buffers(layer, mask.shape[0] * repeat, max_new_tokens)
                                                  for layer in prefill.layers)))
         self.grid = torch.arange(mask.shape[0] * repeat, device=mask.device)
+        self.prompt_of = self.grid // repeat  # each row's prompt among those held
+        self.kernel = decode_attention.available()  # one compiled pass over both parts (`kernels/`)
 
     def append(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         own = self.columns - self.prompt
@@ -122,6 +130,9 @@ class SharedPromptCache:
         """q (B, kv_heads, group, head_dim): each prompt's samples' queries against its keys in one
         product per head, each row's against its own tokens', one softmax over both."""
         own = self.columns - self.prompt + 1
+        if self.kernel is not None:
+            return self.kernel.shared(q, self.prompt_keys[i], self.prompt_values[i], self.prompt_attend, self.prompt_of,
+                                      self.keys[i], self.values[i], own, scale)
         q = q * scale
         keys, values = self.keys[i][:, :, :own], self.values[i][:, :, :own]
         prompt = self._from_grid(torch.matmul(self._to_grid(q), self.prompt_keys[i].transpose(-1, -2))
@@ -157,6 +168,7 @@ class SharedPromptCache:
             self.prompt_values = [v[live] for v in self.prompt_values]
             self.prompt_attend = self.prompt_attend[live]
             self.grid = torch.searchsorted(live, groups) * self.repeat + self.grid % self.repeat
+        self.prompt_of = self.grid // self.repeat
 
 
 def _compact(keys: list, values: list, rows: torch.Tensor, filled: int) -> None:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from hflow.engine import work_meter
 from hflow.engine.cpu_products import decodes_packed, packed, product
+from hflow.engine.kernels import decode_attention
 from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache, shares_prompts
 
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
@@ -90,7 +91,7 @@ class FastDecoder:
         dtype, device = cache.layers[0].keys.dtype, mask.device
         # The written-out attention (two products and a softmax) on a CPU in float32, else SDPA's.
         manual = device.type == "cpu" and dtype == torch.float32
-        if shares_prompts(manual, repeat, mask.shape[1]):
+        if shares_prompts(manual, repeat, mask.shape[1], decode_attention.available() is not None):
             self.cache = SharedPromptCache(cache, mask, repeat, max_new_tokens)
         else:
             self.cache = RowCache(cache, mask, repeat, max_new_tokens, manual)

@@ -1,7 +1,8 @@
 """The decoding step's attention kernel (engine/kernels/decode_attention.c) against the eager
-products it replaces (`RowCache`'s: two batched products and a softmax), on the shapes it meets:
-one or several query heads per key-value head, the unrolled head widths and others, a prompt's
-left padding, rows left by finished samples, scores too many for one thread's stack."""
+products it replaces (two batched products and a softmax), on the shapes it meets: one or several
+query heads per key-value head, the unrolled head widths and others, a prompt's left padding, rows
+left by finished samples, scores too many for one thread's stack, prompts held once for their
+samples (`SharedPromptCache`)."""
 
 import os
 import shutil
@@ -76,6 +77,28 @@ def test_more_scores_than_a_stack_holds(kernel):
     out = kernel(q, keys, values, mask, 3000, 0.1)
     torch.testing.assert_close(out, _eager(q, keys, values, mask, 3000, 0.1), rtol=1e-5, atol=2e-6)
 
+
+
+@pytest.mark.parametrize("group, head_dim", [(1, 32), (3, 64), (2, 24)])
+def test_prompts_held_once_give_the_attention_of_each_row_s_whole_cache(kernel, group, head_dim):
+    """`shared`: 3 prompts of 11 columns (left padding in two), 7 rows naming them in any order, each
+    with 5 columns of its own: each row's attention over its prompt's columns then its own, as the
+    eager products give it over the two joined."""
+    prompt_q, prompt_keys, prompt_values, prompt_mask = _inputs(3, 2, group, head_dim, 11, seed=1)
+    q, keys, values, _ = _inputs(7, 2, group, head_dim, 9, seed=2)
+    prompt_of = torch.tensor([2, 0, 0, 1, 2, 2, 1])
+    out = kernel.shared(q, prompt_keys, prompt_values, prompt_mask, prompt_of, keys, values, 5, 0.2)
+    joined_keys = torch.cat([prompt_keys[prompt_of], keys[:, :, :5]], 2)
+    joined_values = torch.cat([prompt_values[prompt_of], values[:, :, :5]], 2)
+    joined_mask = torch.cat([prompt_mask[prompt_of], torch.zeros(7, 1, 1, 5)], -1)
+    torch.testing.assert_close(out, _eager(q, joined_keys, joined_values, joined_mask, 16, 0.2), rtol=1e-5, atol=2e-6)
+
+
+def test_a_row_naming_no_prompt_held_is_refused(kernel):
+    _, prompt_keys, prompt_values, prompt_mask = _inputs(2, 1, 1, 32, 6)
+    q, keys, values, _ = _inputs(3, 1, 1, 32, 4)
+    with pytest.raises(ValueError, match="prompt is not among the prompts"):
+        kernel.shared(q, prompt_keys, prompt_values, prompt_mask, torch.tensor([0, 2, 1]), keys, values, 3, 0.1)
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_result_does_not_depend_on_the_threads(kernel, threads):

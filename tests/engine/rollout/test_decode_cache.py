@@ -7,7 +7,7 @@ import torch
 
 from hflow.engine.kernels import decode_attention
 from hflow.engine.padding import positions
-from hflow.engine.rollout import decode_cache
+from hflow.engine.rollout import decode_cache, fast_decode
 from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache, shares_prompts
 from hflow.engine.rollout.fast_decode import FastDecoder
 from hflow.engine.rollout.generation import ForwardDecoder, HFGenerator, SamplingParams, kept_in_place
@@ -30,21 +30,26 @@ def _model():
 
 
 def test_the_layout_is_chosen_by_the_prompt_keys_a_step_would_read_again():
-    assert shares_prompts(True, 4, 128) and shares_prompts(True, 2, decode_cache.SHARED_PROMPT_KEYS)
-    assert not shares_prompts(True, 4, 64)  # 192 repeated keys: repeating is faster
-    assert not shares_prompts(True, 1, 10_000)  # one sample: nothing to share
-    assert not shares_prompts(False, 16, 10_000)  # SDPA's fused attention (GPU, bfloat16) repeats
+    """With torch's products, by the prompt keys a step would read again; with the compiled kernel,
+    from two samples."""
+    assert shares_prompts(True, 4, 128, False) and shares_prompts(True, 2, decode_cache.SHARED_PROMPT_KEYS, False)
+    assert not shares_prompts(True, 4, 64, False)  # 192 repeated keys: repeating is faster
+    assert shares_prompts(True, 4, 64, True) and shares_prompts(True, 2, 1, True)
+    for compiled in (False, True):
+        assert not shares_prompts(True, 1, 10_000, compiled)  # one sample: nothing to share
+        assert not shares_prompts(False, 16, 10_000, compiled)  # SDPA's fused attention (GPU, bfloat16) repeats
 
 
-@pytest.mark.parametrize("layout", ["shared", "rows", "rows without the compiled kernel"])
+@pytest.mark.parametrize("layout", ["shared", "shared without the compiled kernel", "rows",
+                                    "rows without the compiled kernel"])
 def test_shared_prompts_decode_as_the_forward_on_a_repeated_cache(layout, monkeypatch, cpu_products):
     """3 prompts of 5, 2 and 7 tokens (left-padded), 3 samples each; after two steps rows 1, 4 and 5
     leave (the last rows fill their slots), after three the first prompt's last samples (its whole
     group gone: the shared cache keeps only the other two prompts), then a fifth step: every step's
-    logits are the forward's. The row cache attends through the compiled kernel where it can be
-    built (`engine/kernels/`), and through torch's products without it."""
-    shared = layout == "shared"
-    monkeypatch.setattr(decode_cache, "SHARED_PROMPT_KEYS", 1 if shared else 10**6)
+    logits are the forward's. Both caches attend through the compiled kernel where it can be built
+    (`engine/kernels/`), and through torch's products without it."""
+    shared = layout.startswith("shared")
+    monkeypatch.setattr(fast_decode, "shares_prompts", lambda *args: shared)
     if layout.endswith("kernel"):
         monkeypatch.setattr(decode_attention, "available", lambda: None)
     model = _model()
@@ -60,10 +65,10 @@ def test_shared_prompts_decode_as_the_forward_on_a_repeated_cache(layout, monkey
                                 use_cache=True).past_key_values
         fast = FastDecoder(model, prefill(), mask, 5, repeat=REPEAT)
         assert isinstance(fast.cache, SharedPromptCache if shared else RowCache)
-        if layout == "rows":
-            assert (fast.cache.kernel is None) == (decode_attention.available() is None)
-        elif not shared:
+        if layout.endswith("kernel"):
             assert fast.cache.kernel is None
+        else:
+            assert (fast.cache.kernel is None) == (decode_attention.available() is None)
         repeated = prefill()
         repeated.batch_repeat_interleave(REPEAT)
         slow = ForwardDecoder(model, repeated, mask.repeat_interleave(REPEAT, 0))
