@@ -109,39 +109,11 @@ static inline __attribute__((always_inline)) void attend_pair(
         default: call_with_width(head_dim); \
     }
 
-/* Every row's attention to its own buffer's columns [0, end) (a `RowCache`: the prompt repeated to
-   each sample's row). Returns 0, or 1 when a thread's scratch could not be allocated. */
-int decode_attention(const float *q, long q_row, const float *keys, const float *values, long cache_row,
-                     long cache_head, const float *mask, long mask_row, float *out, int rows,
-                     int kv_heads, int group, int head_dim, int end, float scale, int threads) {
-    int failed = 0;
-    #pragma omp parallel num_threads(threads) reduction(|:failed)
-    {
-        float *scratch = malloc(sizeof(float) * ((size_t)group * end + (size_t)group * head_dim));
-        failed = scratch == NULL;
-        #pragma omp for collapse(2) schedule(static)
-        for (int r = 0; r < rows; r++) {
-            for (int h = 0; h < kv_heads; h++) {
-                if (scratch == NULL) continue;
-                const float *qh = q + r * q_row + (long)h * group * head_dim;
-                const float *k = keys + r * cache_row + h * cache_head;
-                const float *v = values + r * cache_row + h * cache_head;
-                float *o = out + ((long)r * kv_heads + h) * group * head_dim;
-                #define ROW(width) attend_pair(qh, k, v, mask + r * mask_row, end, k, v, NULL, 0, o, group, \
-                                               width, scale, scratch)
-                DISPATCH_WIDTH(ROW)
-                #undef ROW
-            }
-        }
-        free(scratch);
-    }
-    return failed;
-}
-
 /* Each row's attention to its prompt's keys and values, held once for all its samples (prompt
    `prompt_of[r]`, `prompt_width` columns, its padding in `prompt_mask`), then to its own tokens'
-   columns [0, own) (a `SharedPromptCache`), one softmax over both. Returns as `decode_attention`,
-   with 2 added where a row names a prompt outside [0, prompts) (that row is not computed). */
+   columns [0, own) (a `SharedPromptCache`), one softmax over both. Returns 0; 1 added when a
+   thread's scratch could not be allocated, 2 where a row names a prompt outside [0, prompts) (that
+   row is not computed). A NULL `prompt_of` gives row r prompt r (`decode_attention`). */
 int decode_attention_shared(const float *q, long q_row, const float *prompt_keys, const float *prompt_values,
                             long prompt_row, long prompt_head, const float *prompt_mask, long prompt_mask_row,
                             const long *prompt_of, int prompts, int prompt_width, const float *keys,
@@ -155,7 +127,7 @@ int decode_attention_shared(const float *q, long q_row, const float *prompt_keys
         #pragma omp for collapse(2) schedule(static)
         for (int r = 0; r < rows; r++) {
             for (int h = 0; h < kv_heads; h++) {
-                long p = prompt_of[r];
+                long p = prompt_of ? prompt_of[r] : r;
                 if (p < 0 || p >= prompts) failed |= 2;
                 if (scratch == NULL || p < 0 || p >= prompts) continue;
                 const float *qh = q + r * q_row + (long)h * group * head_dim;
@@ -173,4 +145,14 @@ int decode_attention_shared(const float *q, long q_row, const float *prompt_keys
         free(scratch);
     }
     return failed;
+}
+
+/* Every row's attention to its own buffer's columns [0, end) (a `RowCache`: the prompt repeated to
+   each sample's row): each row is its own prompt, with no columns after it. */
+int decode_attention(const float *q, long q_row, const float *keys, const float *values, long cache_row,
+                     long cache_head, const float *mask, long mask_row, float *out, int rows,
+                     int kv_heads, int group, int head_dim, int end, float scale, int threads) {
+    return decode_attention_shared(q, q_row, keys, values, cache_row, cache_head, mask, mask_row, NULL, rows, end,
+                                   keys, values, cache_row, cache_head, 0, out, rows, kv_heads, group, head_dim,
+                                   scale, threads);
 }
