@@ -91,7 +91,8 @@ class FastDecoder:
         dtype, device = cache.layers[0].keys.dtype, mask.device
         # The written-out attention (two products and a softmax) on a CPU in float32, else SDPA's.
         manual = device.type == "cpu" and dtype == torch.float32
-        if shares_prompts(manual, repeat, mask.shape[1], decode_attention.available() is not None):
+        compiled = manual and decode_attention.available() is not None  # (built only where it would run)
+        if shares_prompts(manual, repeat, mask.shape[1], compiled):
             self.cache = SharedPromptCache(cache, mask, repeat, max_new_tokens)
         else:
             self.cache = RowCache(cache, mask, repeat, max_new_tokens, manual)

@@ -104,3 +104,15 @@ def test_the_engine_samples_the_same_tokens_with_shared_prompts(tiny_model, monk
     assert len(set(lengths.tolist())) > 1  # rows left the batch at different steps
     assert torch.equal(a["responses"], b["responses"])
     torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_is_not_built_where_the_step_would_not_run_it(monkeypatch):
+    """In bfloat16 (as on a GPU) the step keeps torch's fused attention: the kernel is never asked for."""
+    asked = []
+    monkeypatch.setattr(decode_attention, "available", lambda: asked.append(1))
+    model = _model().to(torch.bfloat16)
+    ids, mask = torch.randint(3, 97, (2, 4)), torch.ones(2, 4, dtype=torch.long)
+    with torch.no_grad():
+        prefill = model(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
+    fast = FastDecoder(model, prefill, mask, 3, repeat=REPEAT)
+    assert isinstance(fast.cache, RowCache) and fast.cache.kernel is None and not asked
