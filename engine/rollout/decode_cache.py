@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hflow.engine.kernels import decode_attention
+from hflow.engine.kernels.decode_attention import DecodeAttention
 
 # Share prompts from this many prompt keys that each step would read again for a prompt's other
 # samples: (repeat - 1) x prompt width (the crossover above lies between 192 and 288).
@@ -63,11 +63,11 @@ class RowCache:
     (`columns`); only the prompts' left padding is ever masked (columns past the prompt are real
     tokens, or padding fed to finished rows, which nobody reads)."""
 
-    def __init__(self, prefill, mask: torch.Tensor, repeat: int, max_new_tokens: int, manual: bool):
+    def __init__(self, prefill, mask: torch.Tensor, repeat: int, max_new_tokens: int, manual: bool,
+                 kernel: DecodeAttention | None = None):
         self.columns = mask.shape[1]  # filled so far
         self.manual = manual
-        # The written-out attention as one compiled kernel where it can be built (`kernels/`).
-        self.kernel = decode_attention.available() if manual else None
+        self.kernel = kernel  # the written-out attention compiled (`manual` only), or None: torch's
         self.keys, self.values = [], []
         for layer in prefill.layers:
             keys, values = _buffers(layer, mask.shape[0] * repeat, self.columns + max_new_tokens)
@@ -108,7 +108,8 @@ class SharedPromptCache:
     batch row's place in it (rows leave the batch, their places stay until their whole prompt has
     left: `select`)."""
 
-    def __init__(self, prefill, mask: torch.Tensor, repeat: int, max_new_tokens: int):
+    def __init__(self, prefill, mask: torch.Tensor, repeat: int, max_new_tokens: int,
+                 kernel: DecodeAttention | None = None):
         self.prompt = mask.shape[1]
         self.columns = self.prompt  # attended so far: the prompt's columns, then the rows' own
         self.repeat = repeat
@@ -119,7 +120,7 @@ class SharedPromptCache:
                                                  for layer in prefill.layers)))
         self.grid = torch.arange(mask.shape[0] * repeat, device=mask.device)
         self.prompt_of = self.grid // repeat  # each row's prompt among those held
-        self.kernel = decode_attention.available()  # one compiled pass over both parts (`kernels/`)
+        self.kernel = kernel  # one compiled pass over both parts, or None: torch's products
 
     def append(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         own = self.columns - self.prompt

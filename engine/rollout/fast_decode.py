@@ -91,11 +91,13 @@ class FastDecoder:
         dtype, device = cache.layers[0].keys.dtype, mask.device
         # The written-out attention (two products and a softmax) on a CPU in float32, else SDPA's.
         manual = device.type == "cpu" and dtype == torch.float32
-        compiled = manual and decode_attention.available() is not None  # (built only where it would run)
-        if shares_prompts(manual, repeat, mask.shape[1], compiled):
-            self.cache = SharedPromptCache(cache, mask, repeat, max_new_tokens)
+        # The written-out attention as one compiled kernel where it can be built (`engine/kernels/`);
+        # asked for only where it would run.
+        kernel = decode_attention.available() if manual else None
+        if shares_prompts(manual, repeat, mask.shape[1], kernel is not None):
+            self.cache = SharedPromptCache(cache, mask, repeat, max_new_tokens, kernel)
         else:
-            self.cache = RowCache(cache, mask, repeat, max_new_tokens, manual)
+            self.cache = RowCache(cache, mask, repeat, max_new_tokens, manual, kernel)
         capacity = mask.shape[1] + max_new_tokens
         # oneDNN's products on a CPU wherever it runs (`cpu_products.decodes_packed`): F.linear's
         # layout, no row-count steps (SmolLM2's 210 products: 22 to 32 ms at 12 to 32 rows,
