@@ -1,14 +1,14 @@
 """Compiling a kernel's C source on first use, and loading it from the user's own cache.
 
-A kernel is one C file beside this module (`decode_attention.c`), built into a shared library with
-the host's C compiler, its vector instructions (`-march=native`) and OpenMP, and loaded with
-ctypes: no build step at install, no torch headers (a build takes about a third of a second). It
-links the OpenMP runtime torch has already loaded (its own copy of libgomp), so that the kernel's
-threads are torch's threads: a second runtime would start a second team of spinning threads on the
-same cores.
+A kernel is one C file beside this module (`decode_attention.c`, `decode_step.c`; with the headers
+here), built into a shared library with the host's C compiler, its vector instructions
+(`-march=native`) and OpenMP, and loaded with ctypes: no build step at install, no torch headers
+(a build takes about a third of a second). It links the OpenMP runtime torch has already loaded
+(its own copy of libgomp), so that the kernel's threads are torch's threads: a second runtime would
+start a second team of spinning threads on the same cores.
 
 The library goes to `$XDG_CACHE_HOME/hflow/kernels` (`~/.cache/hflow/kernels`), named by a hash of
-everything that shapes it: the source, the flags, the compiler's version, the CPU's model and
+everything that shapes it: the source and headers, the flags, the compiler's version, the CPU's model and
 flags (a home directory shared by machines of different CPUs keeps one build per CPU), the
 OpenMP runtime's path. A library is code this process will run, so the folder must be the user's
 own and writable by no one else, and so must the file (checked before each load; built to a
@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 ENV = "HFLOW_CPU_KERNELS"
 SOURCES = Path(__file__).parent
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno"]
+# -fno-trapping-math lets floorf become a vector instruction, and so the exponentials' loops
+# vectorize (`vector_math.h`): no kernel reads the floating-point exception flags.
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math"]
 BUILD_SECONDS = 120
 
 
@@ -84,7 +86,8 @@ def _library(name: str) -> Path:
         raise Unavailable("no C compiler (cc, gcc or $CC) on PATH")
     openmp = openmp_runtime()
     version = _run([compiler, "--version"], "the compiler's --version").splitlines()[0]
-    key = "\n".join([source.read_text(), " ".join(FLAGS), version, _cpu(), str(openmp)])
+    headers = [h.read_text() for h in sorted(SOURCES.glob("*.h"))]  # included by the sources
+    key = "\n".join([source.read_text(), *headers, " ".join(FLAGS), version, _cpu(), str(openmp)])
     folder = _own_folder(cache_folder())
     library = folder / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
     if not library.exists():

@@ -21,24 +21,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* exp(x) for x <= 0 (a score minus its row's largest): 2^n * p(r) with r = x - n ln 2 in
-   [-ln2/2, ln2/2] and p the degree-7 series of Cephes' expf (relative error about 1e-7), written
-   so that the compiler vectorizes it; below -87 the result is at most 1.6e-38. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { int i; float f; } two_n;
-    two_n.i = ((int)n + 127) << 23;
-    return p * two_n.f;
-}
+#include "vector_math.h"
 
 /* One (row, head) pair over its columns, which lie in two parts: `shared` columns of keys and
 values its prompt's other samples read too (the prompt's, held once; `shared_mask` masks their

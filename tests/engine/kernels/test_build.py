@@ -96,3 +96,15 @@ def test_no_compiler(monkeypatch, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger=build.__name__):
         assert build.load("decode_attention") is None
     assert "no C compiler" in caplog.text
+
+
+@needs_compiler
+def test_a_changed_header_is_a_new_build(monkeypatch, tmp_path):
+    """The headers the sources include are part of the build's name: an edited one is rebuilt."""
+    sources = tmp_path / "sources"
+    shutil.copytree(build.SOURCES, sources, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    monkeypatch.setattr(build, "SOURCES", sources)
+    first = build._library("decode_step")
+    header = sources / "vector_math.h"
+    header.write_text(header.read_text() + "\n/* edited */\n")
+    assert build._library("decode_step") != first
