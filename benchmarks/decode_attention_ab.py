@@ -8,7 +8,8 @@ Without `--rollout`: the attention alone at the shapes of the 3.5M, 27.5M and Sm
 decoding steps (every layer's own keys and values, so the cache is cold as in a step), milliseconds
 for all the layers of one step, and the time of one plain read of the same keys and values (`sum`,
 the memory's rate: the limit). With `--rollout RECIPE`: the recipe's own rollouts (`--set` as for
-`hflow train`), the kernel turned off and on between calls; seconds per rollout.
+`hflow train`), the kernel turned off and on between calls; seconds per rollout. `--kernel step`
+turns the step's element-wise kernels (`decode_step.c`) off and on instead.
 """
 
 from __future__ import annotations
@@ -60,14 +61,15 @@ def attention(rounds: int) -> None:
               f"plain read {read:7.3f} ms (kernel at {read / fused:.0%} of it)")
 
 
-def rollout(recipe_name: str, overrides: list[str], rounds: int) -> None:
+def rollout(recipe_name: str, overrides: list[str], rounds: int, which: str) -> None:
     import hflow.cli  # noqa: F401  (the command's host-memory and thread settings)
     from hflow.engine.groups.worker import resolve
-    from hflow.engine.kernels import decode_attention
+    from hflow.engine.kernels import decode_attention, decode_step
     from hflow.trainer.config.load import load_recipe
     from hflow.trainer.work.bench import _actor
 
-    kernel = decode_attention.available
+    module = decode_attention if which == "attention" else decode_step
+    kernel = module.available
     recipe, _ = load_recipe(recipe_name, ["trainer.eval_every=0", *overrides])
     groups, data = _actor(recipe)
     actor = groups["actor"]
@@ -75,11 +77,11 @@ def rollout(recipe_name: str, overrides: list[str], rounds: int) -> None:
     times = {"torch": [], "kernel": []}
     for r in range(rounds):
         for way in (("torch", "kernel") if r % 2 else ("kernel", "torch")):
-            decode_attention.available = kernel if way == "kernel" else (lambda: None)
+            module.available = kernel if way == "kernel" else (lambda: None)
             start = time.perf_counter()
             resolve(actor.generate_sequences(data.batch(2 + r)))
             times[way].append(time.perf_counter() - start)
-    decode_attention.available = kernel
+    module.available = kernel
     for way, seconds in times.items():
         print(f"{way:6s} median {statistics.median(seconds):.3f} s  ({', '.join(f'{s:.3f}' for s in seconds)})")
     print(f"kernel faster by {statistics.median(times['torch']) / statistics.median(times['kernel']):.3f}x")
@@ -91,11 +93,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--rollout", metavar="RECIPE", help="time the recipe's rollouts instead")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--kernel", choices=("attention", "step"), default="attention",
+                        help="with --rollout, the kernel turned off and on: the attention's (decode_attention.c) "
+                        "or the step's element-wise work (decode_step.c; the attention's kernel stays on)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.rollout:
-        rollout(args.rollout, args.set, args.rounds)
+        rollout(args.rollout, args.set, args.rounds, args.kernel)
     else:
         attention(args.rounds)
 

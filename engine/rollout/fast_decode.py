@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from hflow.engine import work_meter
 from hflow.engine.cpu_products import decodes_packed, packed, product
-from hflow.engine.kernels import decode_attention
+from hflow.engine.kernels import decode_attention, decode_step
 from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache, shares_prompts
 
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
@@ -123,6 +123,9 @@ class FastDecoder:
                 w.pack(rows)
             self.head_weight = packed(self.head_weight, rows)
         self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        # The element-wise work between the products compiled too (`engine/kernels/decode_step.c`),
+        # where the step runs as rows on joined products in float32 (`_step_compiled`).
+        self.compiled = decode_step.available() if kernel is not None and self.layout == "packed" else None
         half = self.head_dim // 2  # rotate_half(x) x sin is roll(x) x signed_sin (`_rotary`)
         self.signed_sin = torch.cat((-self.sin[:, :half], self.sin[:, half:]), -1)
         self.meter = work_meter.meter_of(inner.embed_tokens)  # told each step's cache length
@@ -169,6 +172,8 @@ class FastDecoder:
         other layouts, as rows instead (`_step_rows`)."""
         if self.meter is not None:
             self.meter.cached = self.cache.columns  # every row attends to one more, padding included
+        if self.compiled is not None:
+            return self._step_compiled(tokens)
         if self.layout != "columns":
             return self._step_rows(tokens)
         batch = tokens.shape[0]
@@ -224,6 +229,41 @@ class FastDecoder:
         if self.meter is not None:
             self.meter.on_head(head, (h,), None)
         return project(h, self.head_weight, head.bias).float()  # (bfloat16's logits in float32, as `_head`)
+
+    def _step_compiled(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`_step_rows` with its element-wise work compiled (`decode_step.c`): each residual sum
+        and the RMSNorm after it one pass (h summed in place), the rotary pass in place on the joined
+        q/k/v product's rows, SwiGLU's silu and product one pass; the products and the attention as
+        in `_step_rows`. The same arithmetic in float32 up to summation order (about 1e-7)."""
+        batch, inner, kernels = tokens.shape[0], self.model.model, self.compiled
+        h = inner.embed_tokens(tokens[:, None])[:, 0].contiguous()  # (B, hidden), this step's own
+        weights, rotated = self.weights, self.heads + self.kv_heads
+        x = kernels.add_rms_norm(h, None, weights[0].input_norm, weights[0].eps)
+        for i, w in enumerate(weights):
+            rows = kernels.rotary_(product(x, w.qkv, w.qkv_bias), rotated, self.head_dim, self.cos,
+                                   self.signed_sin, self.next_position)
+            q, k, v = self._views_qkv(rows)
+            self.cache.append(i, k, v)
+            x = kernels.add_rms_norm(h, product(self.cache.attention(q, i, w.scale).reshape(batch, -1), w.o,
+                                                w.o_bias), w.post_norm, w.eps)
+            down = product(kernels.silu_mul(product(x, w.gate_up)), w.down)
+            norm, eps = (weights[i + 1].input_norm, weights[i + 1].eps) if i + 1 < len(weights) else self.final_norm
+            x = kernels.add_rms_norm(h, down, norm, eps)
+        self.cache.columns += 1
+        self.next_position = self.next_position + 1
+        head = self.model.lm_head
+        if self.meter is not None:
+            self.meter.on_head(head, (x,), None)
+        return product(x, self.head_weight, head.bias)
+
+    def _views_qkv(self, rows: torch.Tensor):
+        """q (B, kv_heads, group, head_dim), k and v (B, kv_heads, 1, head_dim): views of the joined
+        q/k/v product's rows (B, (heads + 2 kv_heads) x head_dim)."""
+        batch, kv_heads, head_dim = rows.shape[0], self.kv_heads, self.head_dim
+        qk_width = (self.heads + kv_heads) * head_dim
+        return (rows[:, :self.heads * head_dim].view(batch, kv_heads, self.group, head_dim),
+                rows[:, self.heads * head_dim:qk_width].view(batch, kv_heads, 1, head_dim),
+                rows[:, qk_width:].view(batch, kv_heads, 1, head_dim))
 
     def _split_qkv(self, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q (B, kv_heads, group, head_dim), k and v (B, kv_heads, 1, head_dim) from the joined q/k/v

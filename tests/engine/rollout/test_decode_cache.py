@@ -47,7 +47,8 @@ def test_shared_prompts_decode_as_the_forward_on_a_repeated_cache(layout, monkey
     leave (the last rows fill their slots), after three the first prompt's last samples (its whole
     group gone: the shared cache keeps only the other two prompts), then a fifth step: every step's
     logits are the forward's. Both caches attend through the compiled kernel where it can be built
-    (`engine/kernels/`), and through torch's products without it."""
+    (`engine/kernels/`), and through torch's products without it; with oneDNN's products the step's
+    element-wise work is compiled too (`_step_compiled`)."""
     shared = layout.startswith("shared")
     monkeypatch.setattr(fast_decode, "shares_prompts", lambda *args: shared)
     if layout.endswith("kernel"):
@@ -66,9 +67,11 @@ def test_shared_prompts_decode_as_the_forward_on_a_repeated_cache(layout, monkey
         fast = FastDecoder(model, prefill(), mask, 5, repeat=REPEAT)
         assert isinstance(fast.cache, SharedPromptCache if shared else RowCache)
         if layout.endswith("kernel"):
-            assert fast.cache.kernel is None
+            assert fast.cache.kernel is None and fast.compiled is None
         else:
             assert (fast.cache.kernel is None) == (decode_attention.available() is None)
+            # the step's element-wise work compiled too where it multiplies as rows on joined products
+            assert (fast.compiled is not None) == (fast.cache.kernel is not None and fast.layout == "packed")
         repeated = prefill()
         repeated.batch_repeat_interleave(REPEAT)
         slow = ForwardDecoder(model, repeated, mask.repeat_interleave(REPEAT, 0))
