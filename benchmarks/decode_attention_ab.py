@@ -9,7 +9,7 @@ decoding steps (every layer's own keys and values, so the cache is cold as in a 
 for all the layers of one step, and the time of one plain read of the same keys and values (`sum`,
 the memory's rate: the limit). With `--rollout RECIPE`: the recipe's own rollouts (`--set` as for
 `hflow train`), the kernel turned off and on between calls; seconds per rollout. `--kernel step`
-turns the step's element-wise kernels (`decode_step.c`) off and on instead.
+turns the step's element-wise kernels (`layers.c`) off and on instead.
 """
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ def attention(rounds: int) -> None:
 def rollout(recipe_name: str, overrides: list[str], rounds: int, which: str) -> None:
     import hflow.cli  # noqa: F401  (the command's host-memory and thread settings)
     from hflow.engine.groups.worker import resolve
-    from hflow.engine.kernels import decode_attention, decode_step
+    from hflow.engine.kernels import decode_attention, layers
     from hflow.trainer.config.load import load_recipe
     from hflow.trainer.work.bench import _actor
 
-    module = decode_attention if which == "attention" else decode_step
+    module = decode_attention if which == "attention" else layers
     kernel = module.available
     recipe, _ = load_recipe(recipe_name, ["trainer.eval_every=0", *overrides])
     groups, data = _actor(recipe)
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--kernel", choices=("attention", "step"), default="attention",
                         help="with --rollout, the kernel turned off and on: the attention's (decode_attention.c) "
-                        "or the step's element-wise work (decode_step.c; the attention's kernel stays on)")
+                        "or the step's element-wise work (layers.c; the attention's kernel stays on)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -25,11 +25,13 @@ static inline float exp_nonpositive(float x) {
     return p * two_n.f;
 }
 
-/* silu(x) = x / (1 + exp(-x)) for any x, through exp(-|x|) (never above 1): for x >= 0,
-   x / (1 + e); for x < 0, x e / (1 + e), the same value without exp(-x) overflowing. */
-static inline float silu(float x) {
+/* sigmoid(x) = 1 / (1 + exp(-x)) for any x, through e = exp(-|x|) (never above 1, so never
+   overflowing): 1 / (1 + e) for x >= 0, e / (1 + e) below. */
+static inline float sigmoid(float x) {
     float e = exp_nonpositive(x < 0.f ? x : -x);
-    return x * (x < 0.f ? e : 1.f) / (1.f + e);
+    return (x < 0.f ? e : 1.f) / (1.f + e);
 }
+
+static inline float silu(float x) { return x * sigmoid(x); }
 
 #endif

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from hflow.engine import work_meter
 from hflow.engine.cpu_products import decodes_packed, packed, product
-from hflow.engine.kernels import decode_attention, decode_step
+from hflow.engine.kernels import decode_attention, layers
 from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache, shares_prompts
 
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
@@ -123,9 +123,9 @@ class FastDecoder:
                 w.pack(rows)
             self.head_weight = packed(self.head_weight, rows)
         self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
-        # The element-wise work between the products compiled too (`engine/kernels/decode_step.c`),
+        # The element-wise work between the products compiled too (`engine/kernels/layers.c`),
         # where the step runs as rows on joined products in float32 (`_step_compiled`).
-        self.compiled = decode_step.available() if kernel is not None and self.layout == "packed" else None
+        self.compiled = layers.available() if kernel is not None and self.layout == "packed" else None
         half = self.head_dim // 2  # rotate_half(x) x sin is roll(x) x signed_sin (`_rotary`)
         self.signed_sin = torch.cat((-self.sin[:, :half], self.sin[:, half:]), -1)
         self.meter = work_meter.meter_of(inner.embed_tokens)  # told each step's cache length
@@ -231,7 +231,7 @@ class FastDecoder:
         return project(h, self.head_weight, head.bias).float()  # (bfloat16's logits in float32, as `_head`)
 
     def _step_compiled(self, tokens: torch.Tensor) -> torch.Tensor:
-        """`_step_rows` with its element-wise work compiled (`decode_step.c`): each residual sum
+        """`_step_rows` with its element-wise work compiled (`kernels/layers.c`): each residual sum
         and the RMSNorm after it one pass (h summed in place), the rotary pass in place on the joined
         q/k/v product's rows, SwiGLU's silu and product one pass; the products and the attention as
         in `_step_rows`. The same arithmetic in float32 up to summation order (about 1e-7)."""

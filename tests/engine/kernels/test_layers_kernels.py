@@ -1,8 +1,9 @@
-"""The decoding step's element-wise kernels (engine/kernels/decode_step.c) against the torch
-operators they replace in `fast_decode.py`: the residual sum and RMSNorm, the rotary pass over the
-joined q/k/v rows, SwiGLU's silu and product; on the widths of the models met (and odd ones), on
-batches above and below the size where threads are used, and on inputs far out in the silu's tails;
-a layout they cannot read is refused before any pointer is handed over."""
+"""A layer's element-wise kernels (engine/kernels/layers.c) against the torch operators they
+replace (in `fast_decode.py`'s step and `fused_layers.py`'s passes): the residual sum and RMSNorm
+and its backward, the rotary pass over the joined q/k/v rows, SwiGLU's silu and product and its
+backward; on the widths of the models met (and odd ones), on batches above and below the size
+where threads are used, and on inputs far out in the silu's tails; a layout they cannot read is
+refused before any pointer is handed over."""
 
 import shutil
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hflow.engine.kernels import decode_step
+from hflow.engine.kernels import layers
 from hflow.engine.rollout.fast_decode import rotate_half
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
@@ -21,7 +22,7 @@ SHAPES = [(64, 256), (32, 576), (3, 70), (300, 512)]  # the last above the threa
 
 @pytest.fixture(scope="module")
 def kernels():
-    found = decode_step.available()
+    found = layers.available()
     assert found is not None, "the kernels were not built on a machine with a C compiler (see the log)"
     return found
 
@@ -84,3 +85,32 @@ def test_layouts_the_kernels_cannot_read_are_refused(kernels):
         kernels.rotary_(torch.randn(2, 16), 3, 8, table, table, torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="outside its table's 4 rows"):
         kernels.rotary_(torch.randn(2, 16), 2, 8, table, table, torch.tensor([1, 4]))
+
+
+@pytest.mark.parametrize("rows,width", SHAPES)
+def test_rms_norm_backward_is_autograd_s(kernels, rows, width):
+    g = torch.Generator().manual_seed(width)
+    x = (torch.randn(rows, width, generator=g) * 2).requires_grad_()
+    weight = torch.randn(width, generator=g).requires_grad_()
+    grad = torch.randn(rows, width, generator=g)
+    F.rms_norm(x, (width,), weight, 1e-5).backward(grad)
+    rstd = torch.empty(rows)
+    kernels.add_rms_norm(x.detach().clone(), None, weight.detach(), 1e-5, rstd)
+    torch.testing.assert_close(rstd, torch.rsqrt(x.detach().pow(2).mean(-1) + 1e-5), rtol=1e-6, atol=0)
+    dx, dweight = kernels.rms_norm_backward(grad, x.detach(), weight.detach(), rstd)
+    torch.testing.assert_close(dx, x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dweight, weight.grad, rtol=1e-5, atol=1e-4)  # a sum over the rows
+
+
+@pytest.mark.parametrize("shape", [(1, 300, 1536), (5, 37), (2, 3, 16)])
+def test_silu_times_and_its_backward_are_autograd_s(kernels, shape):
+    g = torch.Generator().manual_seed(len(shape))
+    gate = (torch.randn(shape, generator=g) * 4).requires_grad_()
+    up = torch.randn(shape, generator=g).requires_grad_()
+    grad = torch.randn(shape, generator=g)
+    out = F.silu(gate) * up
+    out.backward(grad)
+    torch.testing.assert_close(kernels.silu_times(gate.detach(), up.detach()), out.detach(), rtol=1e-5, atol=1e-6)
+    dgate, dup = kernels.silu_times_backward(grad, gate.detach(), up.detach())
+    torch.testing.assert_close(dgate, gate.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dup, up.grad, rtol=1e-5, atol=1e-6)
