@@ -17,6 +17,7 @@ import torch
 
 from hflow.engine.cpu_products import route_linears
 from hflow.engine.models.folder import check_model_source
+from hflow.engine.models.fused_layers import fuse_layers
 from hflow.engine.models.tiny_shapes import TINY_SHAPES
 from hflow.errors import UserError
 
@@ -123,7 +124,8 @@ def _load_tokenizer(path: str, trust_remote_code: bool, _stamp: int | None):
 
 def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = False):
     """A causal LM from a local directory, in `dtype`, in eval-free training mode, its linear layers
-    routed to the faster CPU products (`cpu_products.route_linears`)."""
+    routed to the faster CPU products (`cpu_products.route_linears`), its norms and MLPs fused where
+    they run in float32 on a CPU (`fused_layers.fuse_layers`)."""
     from transformers import AutoModelForCausalLM
 
     check_model_source(path, "model", tokenizer=False)
@@ -134,6 +136,7 @@ def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = Fals
     except OSError as err:
         raise UserError(f"model '{path}': cannot load ({str(err).splitlines()[0]})") from None
     route_linears(model)
+    fuse_layers(model)
     return model
 
 
