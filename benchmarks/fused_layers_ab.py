@@ -4,8 +4,12 @@ and on between calls, rounds alternating; seconds per call and the ratio of the 
 
     python benchmarks/fused_layers_ab.py grpo/quickstart --set model.path=/tmp/m/medium --set model.init=null ...
     python benchmarks/fused_layers_ab.py grpo/smollm2-arithmetic --phase score --rounds 6
+    python benchmarks/fused_layers_ab.py --alone
 
-`--phase score` times `compute_log_prob` (a forward) instead of `update_actor`.
+`--phase score` times `compute_log_prob` (a forward) instead of `update_actor`. `--alone` times
+one RMSNorm's and one SwiGLU's forward and backward alone instead, transformers' modules against
+the fused ones, at the 27.5M model's update (3,693 tokens) and SmolLM2's (950 and 1,892 tokens;
+milliseconds, medians of 9).
 """
 
 from __future__ import annotations
@@ -26,13 +30,56 @@ from hflow.trainer.work.bench import _actor  # noqa: E402
 from update_profile import _batches  # noqa: E402
 
 
+ALONE = {"27.5M, 3,693 tokens": (3693, 512, 1536), "SmolLM2, 950 tokens": (950, 576, 1536),
+         "SmolLM2, 1,892 tokens": (1892, 576, 1536)}  # tokens, hidden, MLP width
+
+
+def _ms(run, calls: int = 10) -> float:
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(9):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        times.append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(times)
+
+
+def alone() -> None:
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    kernels = fused_layers.layers.available()
+    for name, (tokens, hidden, width) in ALONE.items():
+        norm = LlamaRMSNorm(hidden)
+        fused = copy.deepcopy(norm)
+        fused_layers.fuse_layers(fused)
+        x, dy = torch.randn(1, tokens, hidden, requires_grad=True), torch.randn(1, tokens, hidden)
+        gate, up = (torch.randn(1, tokens, width, requires_grad=True) for _ in range(2))
+        dout = torch.randn(1, tokens, width)
+        norms = _ms(lambda: norm(x).backward(dy)), _ms(lambda: fused(x).backward(dy))
+        mlps = (_ms(lambda: (F.silu(gate) * up).backward(dout)),
+                _ms(lambda: fused_layers._SiluTimes.apply(gate, up, kernels).backward(dout)))
+        print(f"{name:24s} RMSNorm forward + backward {norms[0]:6.2f} -> {norms[1]:5.2f} ms "
+              f"({norms[0] / norms[1]:.2f}x)   SwiGLU {mlps[0]:6.2f} -> {mlps[1]:5.2f} ms ({mlps[0] / mlps[1]:.2f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("recipe")
+    parser.add_argument("recipe", nargs="?")
+    parser.add_argument("--alone", action="store_true", help="the modules alone (no recipe)")
     parser.add_argument("--set", action="append", default=[], help="a recipe override, as hflow's --set")
     parser.add_argument("--phase", default="update", choices=["update", "score"])
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
+    if args.alone:
+        return alone()
+    if args.recipe is None:
+        parser.error("a recipe, or --alone")
     recipe, _ = load_recipe(args.recipe, ["trainer.eval_every=0", *args.set])
     groups, data = _actor(recipe)
     actor = groups["actor"]

@@ -79,13 +79,19 @@ def cache_folder() -> Path:
     return Path(base) / "hflow" / "kernels"
 
 
+def compiler() -> str:
+    """The C compiler kernels are built with: $CC, else cc or gcc on PATH."""
+    found = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if found is None:
+        raise Unavailable("no C compiler (cc, gcc or $CC) on PATH")
+    return found
+
+
 def _library(name: str) -> Path:
     source = SOURCES / f"{name}.c"
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise Unavailable("no C compiler (cc, gcc or $CC) on PATH")
+    compiler_path = compiler()
     openmp = openmp_runtime()
-    version = _run([compiler, "--version"], "the compiler's --version").splitlines()[0]
+    version = _run([compiler_path, "--version"], "the compiler's --version").splitlines()[0]
     headers = [h.read_text() for h in sorted(SOURCES.glob("*.h"))]  # included by the sources
     key = "\n".join([source.read_text(), *headers, " ".join(FLAGS), version, _cpu(), str(openmp)])
     folder = _own_folder(cache_folder())
@@ -94,7 +100,7 @@ def _library(name: str) -> Path:
         fd, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".so")
         os.close(fd)
         try:
-            _run([compiler, *FLAGS, str(source), "-o", partial, str(openmp), f"-Wl,-rpath,{openmp.parent}", "-lm"],
+            _run([compiler_path, *FLAGS, str(source), "-o", partial, str(openmp), f"-Wl,-rpath,{openmp.parent}", "-lm"],
                  f"building {source.name}")
             os.chmod(partial, 0o755)
             os.replace(partial, library)
