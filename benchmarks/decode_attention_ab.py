@@ -9,7 +9,8 @@ decoding steps (every layer's own keys and values, so the cache is cold as in a 
 for all the layers of one step, and the time of one plain read of the same keys and values (`sum`,
 the memory's rate: the limit). With `--rollout RECIPE`: the recipe's own rollouts (`--set` as for
 `hflow train`), the kernel turned off and on between calls; seconds per rollout. `--kernel step`
-turns the step's element-wise kernels (`layers.c`) off and on instead.
+turns the step's element-wise kernels (`layers.c`) off and on instead, `--kernel append` the
+cache's append inside the attention's kernel (torch's copy first instead).
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ def rollout(recipe_name: str, overrides: list[str], rounds: int, which: str) -> 
     from hflow.trainer.config.load import load_recipe
     from hflow.trainer.work.bench import _actor
 
-    module = decode_attention if which == "attention" else layers
-    kernel = module.available
+    switches = _switches(which, decode_attention, layers)  # (owner, name, the "torch" value)
+    kept = [getattr(owner, name) for owner, name, _ in switches]
     recipe, _ = load_recipe(recipe_name, ["trainer.eval_every=0", *overrides])
     groups, data = _actor(recipe)
     actor = groups["actor"]
@@ -77,14 +78,30 @@ def rollout(recipe_name: str, overrides: list[str], rounds: int, which: str) -> 
     times = {"torch": [], "kernel": []}
     for r in range(rounds):
         for way in (("torch", "kernel") if r % 2 else ("kernel", "torch")):
-            module.available = kernel if way == "kernel" else (lambda: None)
+            for (owner, name, off), on in zip(switches, kept):
+                setattr(owner, name, on if way == "kernel" else off)
             start = time.perf_counter()
             resolve(actor.generate_sequences(data.batch(2 + r)))
             times[way].append(time.perf_counter() - start)
-    module.available = kernel
+    for (owner, name, _), on in zip(switches, kept):
+        setattr(owner, name, on)
     for way, seconds in times.items():
         print(f"{way:6s} median {statistics.median(seconds):.3f} s  ({', '.join(f'{s:.3f}' for s in seconds)})")
     print(f"kernel faster by {statistics.median(times['torch']) / statistics.median(times['kernel']):.3f}x")
+
+
+def _switches(which: str, decode_attention, layers) -> list[tuple]:
+    """What turns `which` off: the attention's kernel, the step's element-wise kernels, or the cache's
+    append inside the attention's kernel (appended by torch first instead)."""
+    if which != "append":
+        return [(decode_attention if which == "attention" else layers, "available", lambda: None)]
+    from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache
+
+    def apart(cache, i, q, k, v, scale):
+        cache.append(i, k, v)
+        return cache.attention(q, i, scale)
+
+    return [(RowCache, "append_and_attend", apart), (SharedPromptCache, "append_and_attend", apart)]
 
 
 def main() -> None:
@@ -93,9 +110,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--rollout", metavar="RECIPE", help="time the recipe's rollouts instead")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--kernel", choices=("attention", "step"), default="attention",
-                        help="with --rollout, the kernel turned off and on: the attention's (decode_attention.c) "
-                        "or the step's element-wise work (layers.c; the attention's kernel stays on)")
+    parser.add_argument("--kernel", choices=("attention", "step", "append"), default="attention",
+                        help="with --rollout, the kernel turned off and on: the attention's (decode_attention.c), "
+                        "the step's element-wise work (layers.c; the attention's kernel stays on), or the "
+                        "cache's append inside the attention's kernel")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -94,13 +94,17 @@ static inline __attribute__((always_inline)) void attend_pair(
 
 /* Each row's attention to its prompt's keys and values, held once for all its samples (prompt
    `prompt_of[r]`, `prompt_width` columns, its padding in `prompt_mask`), then to its own tokens'
-   columns [0, own) (a `SharedPromptCache`), one softmax over both. Returns 0; 1 added when a
-   thread's scratch could not be allocated, 2 where a row names a prompt outside [0, prompts) (that
-   row is not computed). A NULL `prompt_of` gives row r prompt r (`decode_attention`). */
+   columns [0, own) (a `SharedPromptCache`), one softmax over both. With `new_keys` (rows,
+   kv_heads, head_dim; row r at r * new_row, its heads contiguous) each pair first writes this
+   step's key and value into column `append_at` of its own buffers (the cache's append, done where
+   the pair reads them next). Returns 0; 1 added when a thread's scratch could not be allocated, 2
+   where a row names a prompt outside [0, prompts) (that row is not computed). A NULL `prompt_of`
+   gives row r prompt r (`decode_attention`). */
 int decode_attention_shared(const float *q, long q_row, const float *prompt_keys, const float *prompt_values,
                             long prompt_row, long prompt_head, const float *prompt_mask, long prompt_mask_row,
-                            const long *prompt_of, int prompts, int prompt_width, const float *keys,
-                            const float *values, long cache_row, long cache_head, int own, float *out, int rows,
+                            const long *prompt_of, int prompts, int prompt_width, float *keys,
+                            float *values, long cache_row, long cache_head, int own, const float *new_keys,
+                            const float *new_values, long new_row, long append_at, float *out, int rows,
                             int kv_heads, int group, int head_dim, float scale, int threads) {
     int failed = 0, end = prompt_width + own;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
@@ -116,8 +120,16 @@ int decode_attention_shared(const float *q, long q_row, const float *prompt_keys
                 const float *qh = q + r * q_row + (long)h * group * head_dim;
                 const float *pk = prompt_keys + p * prompt_row + h * prompt_head;
                 const float *pv = prompt_values + p * prompt_row + h * prompt_head;
-                const float *k = keys + r * cache_row + h * cache_head;
-                const float *v = values + r * cache_row + h * cache_head;
+                float *k = keys + r * cache_row + h * cache_head;
+                float *v = values + r * cache_row + h * cache_head;
+                if (new_keys) {  /* this step's key and value into column append_at first */
+                    const float *nk = new_keys + r * new_row + (long)h * head_dim;
+                    const float *nv = new_values + r * new_row + (long)h * head_dim;
+                    for (int d = 0; d < head_dim; d++) {
+                        k[append_at * head_dim + d] = nk[d];
+                        v[append_at * head_dim + d] = nv[d];
+                    }
+                }
                 float *o = out + ((long)r * kv_heads + h) * group * head_dim;
                 #define SHARED(width) attend_pair(qh, pk, pv, prompt_mask + p * prompt_mask_row, prompt_width, \
                                                   k, v, NULL, own, o, group, width, scale, scratch)
@@ -131,11 +143,13 @@ int decode_attention_shared(const float *q, long q_row, const float *prompt_keys
 }
 
 /* Every row's attention to its own buffer's columns [0, end) (a `RowCache`: the prompt repeated to
-   each sample's row): each row is its own prompt, with no columns after it. */
-int decode_attention(const float *q, long q_row, const float *keys, const float *values, long cache_row,
-                     long cache_head, const float *mask, long mask_row, float *out, int rows,
-                     int kv_heads, int group, int head_dim, int end, float scale, int threads) {
+   each sample's row): each row is its own prompt, with no columns after it; this step's key and
+   value, when given, go into column end - 1. */
+int decode_attention(const float *q, long q_row, float *keys, float *values, long cache_row,
+                     long cache_head, const float *mask, long mask_row, const float *new_keys,
+                     const float *new_values, long new_row, float *out, int rows, int kv_heads, int group,
+                     int head_dim, int end, float scale, int threads) {
     return decode_attention_shared(q, q_row, keys, values, cache_row, cache_head, mask, mask_row, NULL, rows, end,
-                                   keys, values, cache_row, cache_head, 0, out, rows, kv_heads, group, head_dim,
-                                   scale, threads);
+                                   keys, values, cache_row, cache_head, 0, new_keys, new_values, new_row, end - 1,
+                                   out, rows, kv_heads, group, head_dim, scale, threads);
 }

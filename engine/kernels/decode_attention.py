@@ -32,37 +32,41 @@ class DecodeAttention:
     def __init__(self, library: ctypes.CDLL):
         self.call = library.decode_attention
         self.call.restype = _INT
-        self.call.argtypes = [_POINTER, _LONG, _POINTER, _POINTER, _LONG, _LONG, _POINTER, _LONG, _POINTER,
-                              _INT, _INT, _INT, _INT, _INT, ctypes.c_float, _INT]
+        self.call.argtypes = [_POINTER, _LONG, _POINTER, _POINTER, _LONG, _LONG, _POINTER, _LONG, _POINTER, _POINTER,
+                              _LONG, _POINTER, _INT, _INT, _INT, _INT, _INT, ctypes.c_float, _INT]
         self.call_shared = library.decode_attention_shared
         self.call_shared.restype = _INT
         self.call_shared.argtypes = [_POINTER, _LONG, _POINTER, _POINTER, _LONG, _LONG, _POINTER, _LONG, _POINTER,
-                                     _INT, _INT, _POINTER, _POINTER, _LONG, _LONG, _INT, _POINTER, _INT, _INT,
-                                     _INT, _INT, ctypes.c_float, _INT]
+                                     _INT, _INT, _POINTER, _POINTER, _LONG, _LONG, _INT, _POINTER, _POINTER, _LONG,
+                                     _LONG, _POINTER, _INT, _INT, _INT, _INT, ctypes.c_float, _INT]
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                 end: int, scale: float) -> torch.Tensor:
+                 end: int, scale: float, new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """softmax(scale x q K^T + mask) V over columns [0, end) of each row's buffers.
 
         q (B, kv_heads, group, head_dim); keys and values (B, kv_heads, capacity, head_dim) with each
         row's (kv_heads, capacity, head_dim) contiguous; mask (B, 1, 1, capacity), additive (0 or
-        -inf), each row's contiguous; all float32 on the CPU. Returns (B, kv_heads, group, head_dim)."""
+        -inf), each row's contiguous; all float32 on the CPU. `new`: this step's keys and values
+        (B, kv_heads, 1, head_dim), written into column end - 1 first (the cache's append, in the
+        same pass). Returns (B, kv_heads, group, head_dim)."""
         rows, kv_heads, group, head_dim = q.shape
         q = _query(q)
         _check(q.shape, keys, values, mask, end)
+        new_keys, new_values, new_row = _new(q.shape, new)
         out = torch.empty(q.shape, dtype=torch.float32)
         failed = self.call(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), keys.stride(0),
-                           keys.stride(1), mask.data_ptr(), mask.stride(0), out.data_ptr(), rows, kv_heads,
-                           group, head_dim, end, scale, torch.get_num_threads())
+                           keys.stride(1), mask.data_ptr(), mask.stride(0), new_keys, new_values, new_row,
+                           out.data_ptr(), rows, kv_heads, group, head_dim, end, scale, torch.get_num_threads())
         return _checked(failed, out)
 
     def shared(self, q: torch.Tensor, prompt_keys: torch.Tensor, prompt_values: torch.Tensor,
                prompt_mask: torch.Tensor, prompt_of: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               own: int, scale: float) -> torch.Tensor:
+               own: int, scale: float, new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The same over two parts of columns, one softmax: row r's prompt's keys and values, held once
         for all its samples (prompt_keys and prompt_values (prompts, kv_heads, width, head_dim),
         contiguous; prompt_mask (prompts, 1, 1, width), additive; prompt_of (B,) int64: row r's
-        prompt), then columns [0, own) of its own buffers (keys and values as in `__call__`)."""
+        prompt), then columns [0, own) of its own buffers (keys and values as in `__call__`; `new`
+        written into column own - 1 first)."""
         rows, kv_heads, group, head_dim = q.shape
         q = _query(q)
         _check(q.shape, keys, values, None, own)
@@ -71,12 +75,14 @@ class DecodeAttention:
         if prompt_of.dtype != torch.int64 or prompt_of.shape != (rows,) or not prompt_of.is_contiguous():
             raise ValueError(f"the decoding attention kernel's prompt of each row: {prompt_of.dtype} "
                              f"{tuple(prompt_of.shape)} for {rows} rows")
+        new_keys, new_values, new_row = _new(q.shape, new)
         out = torch.empty(q.shape, dtype=torch.float32)
         failed = self.call_shared(q.data_ptr(), q.stride(0), prompt_keys.data_ptr(), prompt_values.data_ptr(),
                                   prompt_keys.stride(0), prompt_keys.stride(1), prompt_mask.data_ptr(),
                                   prompt_mask.stride(0), prompt_of.data_ptr(), prompts, width, keys.data_ptr(),
-                                  values.data_ptr(), keys.stride(0), keys.stride(1), own, out.data_ptr(), rows,
-                                  kv_heads, group, head_dim, scale, torch.get_num_threads())
+                                  values.data_ptr(), keys.stride(0), keys.stride(1), own, new_keys, new_values,
+                                  new_row, own - 1, out.data_ptr(), rows, kv_heads, group, head_dim, scale,
+                                  torch.get_num_threads())
         return _checked(failed, out)
 
 
@@ -105,6 +111,21 @@ def _check(shape: tuple, keys: torch.Tensor, values: torch.Tensor, mask: torch.T
         raise ValueError(f"the decoding attention kernel's layout: q {tuple(shape)}, keys "
                          f"{tuple(keys.shape)}/{keys.stride()}, values {values.stride()}, mask "
                          f"{None if mask is None else (tuple(mask.shape), mask.stride())}, end {end}")
+
+
+def _new(shape: tuple, new: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[int | None, int | None, int]:
+    """Pointers to this step's keys and values (B, kv_heads, 1, head_dim), each row's heads contiguous
+    and both rows alike, and their row stride; (None, None, 0) without them."""
+    if new is None:
+        return None, None, 0
+    rows, kv_heads, _, head_dim = shape
+    k, v = new
+    for t in new:
+        if (t.dtype != torch.float32 or t.device.type != "cpu" or t.shape != (rows, kv_heads, 1, head_dim)
+                or t.stride(1) != head_dim or t.stride(3) != 1 or t.stride(0) != k.stride(0)):
+            raise ValueError(f"the decoding attention kernel's new keys and values: {tuple(t.shape)}/{t.stride()} "
+                             f"{t.dtype} for queries {tuple(shape)}")
+    return k.data_ptr(), v.data_ptr(), k.stride(0)
 
 
 def _query(q: torch.Tensor) -> torch.Tensor:

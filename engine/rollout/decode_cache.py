@@ -95,6 +95,15 @@ class RowCache:
             return torch.matmul(scores.softmax(-1), values)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=scale)
 
+    def append_and_attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+        """`append`, then `attention`; through the kernel in one pass, each row and head writing its
+        key and value where it reads them next (k and v: views of one tensor's rows)."""
+        if self.kernel is None:
+            self.append(i, k, v)
+            return self.attention(q, i, scale)
+        return self.kernel(q, self.keys[i], self.values[i], self.attend, self.columns + 1, scale, new=(k, v))
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these rows, row `rows[j]` in slot j, compacted in place: only the rows whose slot
         changes are copied, only the columns filled so far; the buffers keep their capacity."""
@@ -141,6 +150,15 @@ class SharedPromptCache:
         probs = torch.cat([prompt, torch.matmul(q, keys.transpose(-1, -2))], -1).softmax(-1)
         out = self._from_grid(torch.matmul(self._to_grid(probs[..., :self.prompt]), self.prompt_values[i]))
         return out.add_(torch.matmul(probs[..., self.prompt:], values))
+
+    def append_and_attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+        """`RowCache.append_and_attend`, on the prompts held once."""
+        if self.kernel is None:
+            self.append(i, k, v)
+            return self.attention(q, i, scale)
+        return self.kernel.shared(q, self.prompt_keys[i], self.prompt_values[i], self.prompt_attend, self.prompt_of,
+                                  self.keys[i], self.values[i], self.columns - self.prompt + 1, scale, new=(k, v))
 
     def _to_grid(self, rows: torch.Tensor) -> torch.Tensor:
         """(B, kv_heads, group, C) rows -> (G, kv_heads, repeat x group, C), zero at rows that left."""

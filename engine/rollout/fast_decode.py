@@ -233,8 +233,8 @@ class FastDecoder:
     def _step_compiled(self, tokens: torch.Tensor) -> torch.Tensor:
         """`_step_rows` with its element-wise work compiled (`kernels/layers.c`): each residual sum
         and the RMSNorm after it one pass (h summed in place), the rotary pass in place on the joined
-        q/k/v product's rows, SwiGLU's silu and product one pass; the products and the attention as
-        in `_step_rows`. The same arithmetic in float32 up to summation order (about 1e-7)."""
+        q/k/v product's rows, SwiGLU's silu and product one pass, the cache's append inside the
+        attention's kernel; the products as in `_step_rows`. The same arithmetic in float32 up to summation order (about 1e-7)."""
         batch, inner, kernels = tokens.shape[0], self.model.model, self.compiled
         h = inner.embed_tokens(tokens[:, None])[:, 0].contiguous()  # (B, hidden), this step's own
         weights, rotated = self.weights, self.heads + self.kv_heads
@@ -242,10 +242,8 @@ class FastDecoder:
         for i, w in enumerate(weights):
             rows = kernels.rotary_(product(x, w.qkv, w.qkv_bias), rotated, self.head_dim, self.cos,
                                    self.signed_sin, self.next_position)
-            q, k, v = self._views_qkv(rows)
-            self.cache.append(i, k, v)
-            x = kernels.add_rms_norm(h, product(self.cache.attention(q, i, w.scale).reshape(batch, -1), w.o,
-                                                w.o_bias), w.post_norm, w.eps)
+            attended = self.cache.append_and_attend(i, *self._views_qkv(rows), w.scale)
+            x = kernels.add_rms_norm(h, product(attended.reshape(batch, -1), w.o, w.o_bias), w.post_norm, w.eps)
             down = product(kernels.silu_mul(product(x, w.gate_up)), w.down)
             norm, eps = (weights[i + 1].input_norm, weights[i + 1].eps) if i + 1 < len(weights) else self.final_norm
             x = kernels.add_rms_norm(h, down, norm, eps)

@@ -94,6 +94,32 @@ def test_prompts_held_once_give_the_attention_of_each_row_s_whole_cache(kernel, 
     torch.testing.assert_close(out, _eager(q, joined_keys, joined_values, joined_mask, 16, 0.2), rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("layout", ["rows", "shared"])
+def test_the_step_s_key_and_value_appended_in_the_same_pass(kernel, layout):
+    """`new`: this step's keys and values, views of one tensor's rows as the decoding step's joined
+    q/k/v product gives them, written into the cache's next column by the kernel itself: the same
+    cache and the same attention as appending them first."""
+    q, keys, values, mask = _inputs(5, 2, 3, 32, 12, seed=4)
+    joined = torch.randn(5, (6 + 2 + 2) * 32)
+    k, v = joined[:, 6 * 32:8 * 32].view(5, 2, 1, 32), joined[:, 8 * 32:].view(5, 2, 1, 32)
+    appended_keys, appended_values = keys.clone(), values.clone()
+    appended_keys[:, :, 7:8], appended_values[:, :, 7:8] = k, v
+    if layout == "rows":
+        want = kernel(q, appended_keys, appended_values, mask, 8, 0.3)
+        got = kernel(q, keys, values, mask, 8, 0.3, new=(k, v))
+    else:
+        _, prompt_keys, prompt_values, prompt_mask = _inputs(2, 2, 3, 32, 6, seed=5)
+        prompt_of = torch.tensor([1, 0, 1, 1, 0])
+        want = kernel.shared(q, prompt_keys, prompt_values, prompt_mask, prompt_of, appended_keys, appended_values,
+                             8, 0.3)
+        got = kernel.shared(q, prompt_keys, prompt_values, prompt_mask, prompt_of, keys, values, 8, 0.3,
+                            new=(k, v))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert torch.equal(keys, appended_keys) and torch.equal(values, appended_values)
+    with pytest.raises(ValueError, match="new keys and values"):
+        kernel(q, keys, values, mask, 8, 0.3, new=(k, v.contiguous()))  # rows of two strides
+
+
 def test_a_row_naming_no_prompt_held_is_refused(kernel):
     _, prompt_keys, prompt_values, prompt_mask = _inputs(2, 1, 1, 32, 6)
     q, keys, values, _ = _inputs(3, 1, 1, 32, 4)
