@@ -234,7 +234,8 @@ class FastDecoder:
         """`_step_rows` with its element-wise work compiled (`kernels/layers.c`): each residual sum
         and the RMSNorm after it one pass (h summed in place), the rotary pass in place on the joined
         q/k/v product's rows, SwiGLU's silu and product one pass, the cache's append inside the
-        attention's kernel; the products as in `_step_rows`. The same arithmetic in float32 up to summation order (about 1e-7)."""
+        attention's kernel; the products as in `_step_rows`. The same arithmetic in float32 up to
+        summation order (about 1e-7)."""
         batch, inner, kernels = tokens.shape[0], self.model.model, self.compiled
         h = inner.embed_tokens(tokens[:, None])[:, 0].contiguous()  # (B, hidden), this step's own
         weights, rotated = self.weights, self.heads + self.kv_heads
