@@ -4,15 +4,15 @@ and backward (`engine/kernels/layers.c`), on a CPU in float32.
 Eager torch runs an RMSNorm as six operators and its backward as about as many again, SwiGLU's
 silu and product as two and a backward of five, each a pass over the layer's tokens with a fresh
 output; on the 2-core development machine, at the 27.5M model's update (3,693 tokens of 512, 1,536
-inside the MLP) an RMSNorm's forward and backward took 18 ms, SwiGLU's 34, several times what
-reading and writing their tensors takes, and together about a tenth of the update. Here each is
-one pass forward and one backward, and each keeps less for the backward (the input and one number
-per row for a norm, where torch keeps its normalised copy too; SwiGLU's two inputs, not also the
-silu's output).
+inside the MLP) an RMSNorm's forward and backward took 11.7 ms and SwiGLU's 21.8, several times
+what reading and writing their tensors takes. Here each is one pass forward and one backward (3.7
+and 13.7 ms; the update 1.08x faster: `benchmarks/fused_layers_ab.py`), and each keeps less for
+the backward (the input and one number per row for a norm, where torch keeps its normalised copy
+too; SwiGLU's two inputs, not also the silu's output).
 
 `fuse_layers(model)` gives each supported module a subclass whose forward takes that path where it
 applies (a float32 CPU tensor, the kernels built here, the parameters whole) and the module's own
-forward elsewhere (a GPU, bfloat16, ZeRO-3's gathered parameters, `HFLOW_CPU_KERNELS=off`): the
+forward elsewhere (a GPU, bfloat16, ZeRO-3's partitioned parameters, `HFLOW_CPU_KERNELS=off`): the
 same parameters, hooks and state dict, as `cpu_products.route_linears` does for the products.
 """
 
@@ -73,7 +73,22 @@ class _SiluTimes(torch.autograd.Function):
         return dgate, dup, None
 
 
-class FusedRMSNorm(nn.Module):
+class _Fused(nn.Module):
+    """What the fused mixins share: a module made by `fuse_layers` pickles and copies as its base
+    class fused again (the subclass is made at run time, so pickle cannot find it by name)."""
+
+    def __reduce_ex__(self, protocol):
+        _, _, *rest = super().__reduce_ex__(protocol)  # rest: the module's state
+        mixin, base = type(self).__bases__
+        return (_new_fused, (base, mixin), *rest)
+
+
+def _new_fused(base: type, mixin: type) -> nn.Module:
+    cls = _fused_class(base, mixin)
+    return cls.__new__(cls)
+
+
+class FusedRMSNorm(_Fused):
     """Mixed into an RMSNorm's class by `fuse_layers`: its forward through the kernels where they apply."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +98,7 @@ class FusedRMSNorm(nn.Module):
         return _RMSNorm.apply(x, self.weight, self.variance_epsilon, kernels)
 
 
-class FusedMLP(nn.Module):
+class FusedMLP(_Fused):
     """Mixed into a SwiGLU MLP's class by `fuse_layers`: silu(gate(x)) x up(x) in one pass each way."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

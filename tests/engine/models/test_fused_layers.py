@@ -85,3 +85,17 @@ def test_where_the_kernels_do_not_apply_the_module_s_own_forward_runs(monkeypatc
         asked.clear()
         model.to(torch.bfloat16)(input_ids=ids)
     assert not asked
+
+
+def test_a_fused_model_pickles_and_copies_fused():
+    """The fused classes are made at run time: a fused module pickles as its base class fused again."""
+    import pickle
+
+    model = _model("qwen2")
+    fuse_layers(model)
+    ids = torch.randint(3, 97, (2, 5))
+    for other in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert isinstance(other.model.norm, FusedRMSNorm) and isinstance(other.model.layers[1].mlp, FusedMLP)
+        assert isinstance(other.model.norm, type(_model("qwen2").model.norm))
+        with torch.no_grad():
+            assert torch.equal(other(input_ids=ids).logits, model(input_ids=ids).logits)
