@@ -1,6 +1,6 @@
 """Compiling a kernel's C source on first use, and loading it from the user's own cache.
 
-A kernel is one C file beside this module (`decode_attention.c`, `decode_step.c`; with the headers
+A kernel is one C file beside this module (`decode_attention.c`, `layers.c`; with the headers
 here), built into a shared library with the host's C compiler, its vector instructions
 (`-march=native`) and OpenMP, and loaded with ctypes: no build step at install, no torch headers
 (a build takes about a third of a second). It links the OpenMP runtime torch has already loaded
@@ -8,9 +8,9 @@ here), built into a shared library with the host's C compiler, its vector instru
 start a second team of spinning threads on the same cores.
 
 The library goes to `$XDG_CACHE_HOME/hflow/kernels` (`~/.cache/hflow/kernels`), named by a hash of
-everything that shapes it: the source and headers, the flags, the compiler's version, the CPU's model and
-flags (a home directory shared by machines of different CPUs keeps one build per CPU), the
-OpenMP runtime's path. A library is code this process will run, so the folder must be the user's
+everything that shapes it: the source and headers, the flags, the compiler's version, the CPU's
+model and flags (a home directory shared by machines of different CPUs keeps one build per CPU),
+the OpenMP runtime's path. A library is code this process will run, so the folder must be the user's
 own and writable by no one else, and so must the file (checked before each load; built to a
 temporary name and renamed into place, so that processes building at once never load half a file).
 

@@ -15,7 +15,9 @@ on a CPU wherever torch has oneDNN (`cpu_products.decodes_packed`), the projecti
 run through oneDNN on weights reordered for the batch, q/k/v and gate/up each joined into one
 product, the hidden state carried as rows; on a GPU, as rows through `F.linear` on the model's own
 weights (no copy); on a CPU without oneDNN, through the BLAS as columns (`weight @ x`). The
-constants below are for the BLAS's products.
+constants below are for the BLAS's products. In float32 on oneDNN's products, the element-wise work
+between them (residual sums and RMSNorms, the rotary pass, SwiGLU, the cache's append) runs as
+compiled kernels where they can be built (`engine/kernels/`, `_step_compiled`).
 """
 
 from __future__ import annotations
