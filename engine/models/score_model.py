@@ -27,6 +27,7 @@ from torch import nn
 
 from hflow.engine.cpu_products import route_linears
 from hflow.engine.models.folder import check_model_source
+from hflow.engine.models.fused_layers import fuse_layers
 from hflow.errors import UserError
 
 
@@ -93,9 +94,11 @@ def load_score_model(path: str, dtype: torch.dtype, trust_remote_code: bool = Fa
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 path, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
             route_linears(model)
+            fuse_layers(model)
             return _from_classifier(model, info, path, what)
         backbone = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
         route_linears(backbone)
+        fuse_layers(backbone)  # its norms and MLPs, as a policy's (`fused_layers.py`)
     except OSError as err:
         raise UserError(f"{what} '{path}': cannot load ({str(err).splitlines()[0]})") from None
     hidden = backbone.config.hidden_size

@@ -10,6 +10,7 @@ import torch
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import ensure_process_group
 from hflow.engine.rollout.generation import HFGenerator, SamplingParams
+from hflow.engine.models.fused_layers import FusedMLP, FusedRMSNorm
 from hflow.engine.models.loading import build_tiny_score_model, load_causal_lm, load_tokenizer
 from hflow.engine.models.score_model import last_token_scores, load_score_model
 from hflow.errors import UserError
@@ -51,6 +52,7 @@ def test_from_a_causal_lm_a_new_seeded_head(tiny_model):
     torch.testing.assert_close(a.backbone.embed_tokens.weight, lm.model.embed_tokens.weight)
     ids = torch.randint(3, 50, (2, 5))
     assert a(ids, torch.ones_like(ids)).shape == (2, 5)
+    assert isinstance(a.backbone.norm, FusedRMSNorm) and isinstance(a.backbone.layers[0].mlp, FusedMLP)
 
 
 def test_reward_worker_matches_transformers_sequence_classifier(tiny_model, tiny_scorer):
