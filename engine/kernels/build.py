@@ -74,6 +74,18 @@ def load(name: str) -> ctypes.CDLL | None:
         return None
 
 
+def wrapped(name: str, wrapper: type):
+    """`wrapper(library)` for the kernel `name` (its ctypes calls declared once per process), or None
+    where `load` gives no library."""
+    library = load(name)
+    return None if library is None else _wrap(wrapper, library)
+
+
+@functools.cache
+def _wrap(wrapper: type, library: ctypes.CDLL):
+    return wrapper(library)
+
+
 def cache_folder() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "hflow" / "kernels"

@@ -16,7 +16,6 @@ output.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -138,10 +137,4 @@ def _query(q: torch.Tensor) -> torch.Tensor:
 
 def available() -> DecodeAttention | None:
     """The kernel, built and loaded once per process (`build.load`), or None where it cannot be."""
-    library = build.load("decode_attention")
-    return None if library is None else _wrapped(library)
-
-
-@functools.cache
-def _wrapped(library: ctypes.CDLL) -> DecodeAttention:
-    return DecodeAttention(library)
+    return build.wrapped("decode_attention", DecodeAttention)

@@ -11,7 +11,6 @@ exponential's last bits (about 1e-7 relative).
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -98,9 +97,10 @@ class LayerKernels:
         _check("silu_mul", gate_up, (rows, width))
         if width % 2:
             raise ValueError(f"the silu_mul kernel's joined gate/up rows are {width} wide, not an even width")
-        out = gate_up.new_empty(rows, width // 2)
-        self._silu_mul(gate_up.data_ptr(), gate_up.data_ptr() + 4 * (width // 2), width, out.data_ptr(), rows,
-                       width // 2, torch.get_num_threads())
+        inter = width // 2
+        out = gate_up.new_empty(rows, inter)
+        self._silu_mul(gate_up.data_ptr(), gate_up[:, inter:].data_ptr(), width, out.data_ptr(), rows, inter,
+                       torch.get_num_threads())
         return out
 
     def silu_times(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -135,10 +135,4 @@ def _check(kernel: str, t: torch.Tensor, shape: tuple, contiguous: bool = True) 
 
 def available() -> LayerKernels | None:
     """The kernels, built and loaded once per process (`build.load`), or None where they cannot be."""
-    library = build.load("layers")
-    return None if library is None else _wrapped(library)
-
-
-@functools.cache
-def _wrapped(library: ctypes.CDLL) -> LayerKernels:
-    return LayerKernels(library)
+    return build.wrapped("layers", LayerKernels)
