@@ -17,6 +17,18 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) (len(rows), longest) of ragged token rows, each left-padded with `pad` to the
+    longest (mask 1 on real tokens): prompts as a rollout lays them out."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, r in enumerate(rows):
+        ids[row, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
+        mask[row, width - len(r):] = 1
+    return ids, mask
+
+
 def pad_rows(rows: list[list], fill: float | int, dtype: torch.dtype) -> torch.Tensor:
     """Ragged rows right-padded with `fill` into one (len(rows), max(1, longest)) tensor."""
     width = max([1, *map(len, rows)])

@@ -14,8 +14,9 @@
      mask  (rows, 1, 1, capacity): 0 where attended, -inf at a prompt's left padding
      out   (rows, kv_heads, group, head_dim), contiguous
    `decode_attention` reads columns [0, end) of each row's buffers (`RowCache`: the prompt repeated
-   to each sample's row); `decode_attention_shared` reads row r's prompt's columns (held once for
-   its samples, with their own mask) and then [0, own) of its own buffers (`SharedPromptCache`).
+   to each sample's row); `decode_attention_shared` reads the columns every prompt begins with
+   (held once for all rows, where the prompts share a prefix), row r's prompt's (held once for its
+   samples, with their own mask) and then [0, own) of its own buffers (`SharedPromptCache`).
    The column of the step's own token is always attended, so no row's softmax is empty. */
 
 #include <math.h>
@@ -55,14 +56,16 @@ static inline __attribute__((always_inline)) void weigh_part(
 }
 
 static inline __attribute__((always_inline)) void attend_pair(
-        const float *restrict q, const float *restrict shared_keys, const float *restrict shared_values,
+        const float *restrict q, const float *restrict prefix_keys, const float *restrict prefix_values, int prefix,
+        const float *restrict shared_keys, const float *restrict shared_values,
         const float *restrict shared_mask, int shared, const float *restrict keys, const float *restrict values,
         const float *restrict mask, int own, float *restrict out, int group, const int head_dim, float scale,
         float *restrict scratch) {
-    int end = shared + own;
+    int end = prefix + shared + own;
     float *scores = scratch, *acc = scratch + (long)group * end;
-    score_part(q, shared_keys, shared_mask, scores, group, head_dim, shared, end, scale);
-    score_part(q, keys, mask, scores + shared, group, head_dim, own, end, scale);
+    score_part(q, prefix_keys, NULL, scores, group, head_dim, prefix, end, scale);
+    score_part(q, shared_keys, shared_mask, scores + prefix, group, head_dim, shared, end, scale);
+    score_part(q, keys, mask, scores + prefix + shared, group, head_dim, own, end, scale);
     for (int g = 0; g < group; g++) {
         float *s = scores + (long)g * end, *a = acc + g * head_dim;
         float top = -INFINITY;
@@ -76,8 +79,9 @@ static inline __attribute__((always_inline)) void attend_pair(
             total += e;
         }
         for (int d = 0; d < head_dim; d++) a[d] = 0.f;
-        weigh_part(s, shared_values, a, head_dim, shared);
-        weigh_part(s + shared, values, a, head_dim, own);
+        weigh_part(s, prefix_values, a, head_dim, prefix);
+        weigh_part(s + prefix, shared_values, a, head_dim, shared);
+        weigh_part(s + prefix + shared, values, a, head_dim, own);
         float inverse = 1.f / total;
         float *o = out + g * head_dim;
         for (int d = 0; d < head_dim; d++) o[d] = a[d] * inverse;
@@ -92,21 +96,24 @@ static inline __attribute__((always_inline)) void attend_pair(
         default: call_with_width(head_dim); \
     }
 
-/* Each row's attention to its prompt's keys and values, held once for all its samples (prompt
-   `prompt_of[r]`, `prompt_width` columns, its padding in `prompt_mask`), then to its own tokens'
-   columns [0, own) (a `SharedPromptCache`), one softmax over both. With `new_keys` (rows,
+/* Each row's attention to the `prefix_width` columns every prompt begins with (held once for all
+   rows: head h at prefix_keys + h * prefix_head; none when prefix_width is 0), then to its prompt's
+   rest, held once for all its samples (prompt `prompt_of[r]`, `prompt_width` columns, its padding in
+   `prompt_mask`), then to its own tokens' columns [0, own) (a `SharedPromptCache`), one softmax over
+   the three. With `new_keys` (rows,
    kv_heads, head_dim; row r at r * new_row, its heads contiguous) each pair first writes this
    step's key and value into column `append_at` of its own buffers (the cache's append, done where
    the pair reads them next). Returns 0; 1 added when a thread's scratch could not be allocated, 2
    where a row names a prompt outside [0, prompts) (that row is not computed). A NULL `prompt_of`
    gives row r prompt r (`decode_attention`). */
-int decode_attention_shared(const float *q, long q_row, const float *prompt_keys, const float *prompt_values,
+int decode_attention_shared(const float *q, long q_row, const float *prefix_keys, const float *prefix_values,
+                            long prefix_head, int prefix_width, const float *prompt_keys, const float *prompt_values,
                             long prompt_row, long prompt_head, const float *prompt_mask, long prompt_mask_row,
                             const long *prompt_of, int prompts, int prompt_width, float *keys,
                             float *values, long cache_row, long cache_head, int own, const float *new_keys,
                             const float *new_values, long new_row, long append_at, float *out, int rows,
                             int kv_heads, int group, int head_dim, float scale, int threads) {
-    int failed = 0, end = prompt_width + own;
+    int failed = 0, end = prefix_width + prompt_width + own;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
     {
         float *scratch = malloc(sizeof(float) * ((size_t)group * end + (size_t)group * head_dim));
@@ -131,8 +138,10 @@ int decode_attention_shared(const float *q, long q_row, const float *prompt_keys
                     }
                 }
                 float *o = out + ((long)r * kv_heads + h) * group * head_dim;
-                #define SHARED(width) attend_pair(qh, pk, pv, prompt_mask + p * prompt_mask_row, prompt_width, \
-                                                  k, v, NULL, own, o, group, width, scale, scratch)
+                const float *hk = prefix_width ? prefix_keys + h * prefix_head : NULL;
+                const float *hv = prefix_width ? prefix_values + h * prefix_head : NULL;
+                #define SHARED(width) attend_pair(qh, hk, hv, prefix_width, pk, pv, prompt_mask + p * prompt_mask_row, \
+                                                  prompt_width, k, v, NULL, own, o, group, width, scale, scratch)
                 DISPATCH_WIDTH(SHARED)
                 #undef SHARED
             }
@@ -149,7 +158,8 @@ int decode_attention(const float *q, long q_row, float *keys, float *values, lon
                      long cache_head, const float *mask, long mask_row, const float *new_keys,
                      const float *new_values, long new_row, float *out, int rows, int kv_heads, int group,
                      int head_dim, int end, float scale, int threads) {
-    return decode_attention_shared(q, q_row, keys, values, cache_row, cache_head, mask, mask_row, NULL, rows, end,
+    return decode_attention_shared(q, q_row, NULL, NULL, 0, 0, keys, values, cache_row, cache_head, mask, mask_row,
+                                   NULL, rows, end,
                                    keys, values, cache_row, cache_head, 0, new_keys, new_values, new_row, end - 1,
                                    out, rows, kv_heads, group, head_dim, scale, threads);
 }

@@ -35,9 +35,10 @@ class DecodeAttention:
                               _LONG, _POINTER, _INT, _INT, _INT, _INT, _INT, ctypes.c_float, _INT]
         self.call_shared = library.decode_attention_shared
         self.call_shared.restype = _INT
-        self.call_shared.argtypes = [_POINTER, _LONG, _POINTER, _POINTER, _LONG, _LONG, _POINTER, _LONG, _POINTER,
-                                     _INT, _INT, _POINTER, _POINTER, _LONG, _LONG, _INT, _POINTER, _POINTER, _LONG,
-                                     _LONG, _POINTER, _INT, _INT, _INT, _INT, ctypes.c_float, _INT]
+        self.call_shared.argtypes = [_POINTER, _LONG, _POINTER, _POINTER, _LONG, _INT, _POINTER, _POINTER, _LONG,
+                                     _LONG, _POINTER, _LONG, _POINTER, _INT, _INT, _POINTER, _POINTER, _LONG, _LONG,
+                                     _INT, _POINTER, _POINTER, _LONG, _LONG, _POINTER, _INT, _INT, _INT, _INT,
+                                     ctypes.c_float, _INT]
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                  end: int, scale: float, new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -60,12 +61,15 @@ class DecodeAttention:
 
     def shared(self, q: torch.Tensor, prompt_keys: torch.Tensor, prompt_values: torch.Tensor,
                prompt_mask: torch.Tensor, prompt_of: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               own: int, scale: float, new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """The same over two parts of columns, one softmax: row r's prompt's keys and values, held once
-        for all its samples (prompt_keys and prompt_values (prompts, kv_heads, width, head_dim),
-        contiguous; prompt_mask (prompts, 1, 1, width), additive; prompt_of (B,) int64: row r's
-        prompt), then columns [0, own) of its own buffers (keys and values as in `__call__`; `new`
-        written into column own - 1 first)."""
+               own: int, scale: float, new: tuple[torch.Tensor, torch.Tensor] | None = None,
+               prefix: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The same over up to three parts of columns, one softmax: the `prefix` every prompt begins
+        with (its keys and values (1, kv_heads, prefix width, head_dim), contiguous, read by every
+        row; none without), row r's prompt's keys and values, held once for all its samples
+        (prompt_keys and prompt_values (prompts, kv_heads, width, head_dim), contiguous; prompt_mask
+        (prompts, 1, 1, width), additive; prompt_of (B,) int64: row r's prompt), then columns
+        [0, own) of its own buffers (keys and values as in `__call__`; `new` written into column
+        own - 1 first)."""
         rows, kv_heads, group, head_dim = q.shape
         q = _query(q)
         _check(q.shape, keys, values, None, own)
@@ -74,9 +78,11 @@ class DecodeAttention:
         if prompt_of.dtype != torch.int64 or prompt_of.shape != (rows,) or not prompt_of.is_contiguous():
             raise ValueError(f"the decoding attention kernel's prompt of each row: {prompt_of.dtype} "
                              f"{tuple(prompt_of.shape)} for {rows} rows")
+        prefix_keys, prefix_values, prefix_head, prefix_width = _prefix(prompt_keys, prefix)
         new_keys, new_values, new_row = _new(q.shape, new)
         out = torch.empty(q.shape, dtype=torch.float32)
-        failed = self.call_shared(q.data_ptr(), q.stride(0), prompt_keys.data_ptr(), prompt_values.data_ptr(),
+        failed = self.call_shared(q.data_ptr(), q.stride(0), prefix_keys, prefix_values, prefix_head, prefix_width,
+                                  prompt_keys.data_ptr(), prompt_values.data_ptr(),
                                   prompt_keys.stride(0), prompt_keys.stride(1), prompt_mask.data_ptr(),
                                   prompt_mask.stride(0), prompt_of.data_ptr(), prompts, width, keys.data_ptr(),
                                   values.data_ptr(), keys.stride(0), keys.stride(1), own, new_keys, new_values,
@@ -110,6 +116,21 @@ def _check(shape: tuple, keys: torch.Tensor, values: torch.Tensor, mask: torch.T
         raise ValueError(f"the decoding attention kernel's layout: q {tuple(shape)}, keys "
                          f"{tuple(keys.shape)}/{keys.stride()}, values {values.stride()}, mask "
                          f"{None if mask is None else (tuple(mask.shape), mask.stride())}, end {end}")
+
+
+def _prefix(prompt_keys: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None):
+    """(keys and values pointers, head stride, width) of the columns every row reads first, laid out
+    as the prompts' keys are but for one prompt; (None, None, 0, 0) without them."""
+    if prefix is None or prefix[0].shape[2] == 0:
+        return None, None, 0, 0
+    k, v = prefix
+    _, kv_heads, _, head_dim = prompt_keys.shape
+    for t in prefix:
+        if (t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 4 or t.shape[0] != 1
+                or t.shape[1] != kv_heads or t.shape[3] != head_dim or not t.is_contiguous() or t.shape != k.shape):
+            raise ValueError(f"the decoding attention kernel's prefix: {tuple(t.shape)}/{t.stride()} {t.dtype} for "
+                             f"{kv_heads} key-value heads of {head_dim}")
+    return k.data_ptr(), v.data_ptr(), k.stride(1), k.shape[2]
 
 
 def _new(shape: tuple, new: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[int | None, int | None, int]:

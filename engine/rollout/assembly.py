@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from hflow.engine import columns as col
-from hflow.engine.padding import positions
+from hflow.engine.padding import left_padded, positions
 
 
 def assemble_rollout(prompts: list[list[int]], responses: torch.Tensor, lengths: torch.Tensor,
@@ -34,12 +34,7 @@ def assemble_rollout(prompts: list[list[int]], responses: torch.Tensor, lengths:
     real = (torch.arange(width_r)[None] < lengths[:, None]).long()
     response_mask = real if trained is None else _fit(trained.long(), width_r, 0) * real
     responses = _fit(responses.long(), width_r, pad_token_id).masked_fill(real == 0, pad_token_id)
-    width_p = max(len(p) for p in prompts)
-    prompt_ids = torch.full((len(prompts), width_p), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros_like(prompt_ids)
-    for row, p in enumerate(prompts):
-        prompt_ids[row, width_p - len(p):] = torch.as_tensor(p, dtype=torch.long)
-        prompt_mask[row, width_p - len(p):] = 1
+    prompt_ids, prompt_mask = left_padded(prompts, pad_token_id)
     attention_mask = torch.cat([prompt_mask, real], dim=1)
     out = {
         col.INPUT_IDS: torch.cat([prompt_ids, responses], dim=1),

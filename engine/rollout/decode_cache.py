@@ -33,11 +33,12 @@ from hflow.engine.kernels.decode_attention import DecodeAttention
 SHARED_PROMPT_KEYS = 384
 
 
-def shares_prompts(manual: bool, repeat: int, prompt_width: int, compiled: bool) -> bool:
+def shares_prompts(manual: bool, repeat: int, prompt_width: int, compiled: bool, prefix: int = 0) -> bool:
     """Whether a batch of `repeat` samples per prompt of `prompt_width` columns decodes on a
     `SharedPromptCache` (only with the written-out attention: `manual`; with the `compiled` kernel
-    from two samples up, else from `SHARED_PROMPT_KEYS` repeated keys)."""
-    if not manual or repeat < 2:
+    from two samples up, or where the prompts begin with a `prefix` alike, else from
+    `SHARED_PROMPT_KEYS` repeated keys)."""
+    if not manual or (repeat < 2 and not (compiled and prefix)):
         return False
     return compiled or (repeat - 1) * prompt_width >= SHARED_PROMPT_KEYS
 
@@ -115,16 +116,21 @@ class SharedPromptCache:
     """Each prompt's keys and values once (the prefill's, G prompts), each row's own tokens' in a
     preallocated buffer per layer. A prompt's samples sit in a (G x repeat) grid; `grid` holds each
     batch row's place in it (rows leave the batch, their places stay until their whole prompt has
-    left: `select`)."""
+    left: `select`). With the compiled kernel, the first `prefix` columns, which every prompt's
+    prefill shares (`prefill.py`: the same tokens, so the same keys and values), are held once for
+    all the rows, and each prompt holds only its rest."""
 
     def __init__(self, prefill, mask: torch.Tensor, repeat: int, max_new_tokens: int,
-                 kernel: DecodeAttention | None = None):
+                 kernel: DecodeAttention | None = None, prefix: int = 0):
         self.prompt = mask.shape[1]
         self.columns = self.prompt  # attended so far: the prompt's columns, then the rows' own
         self.repeat = repeat
-        self.prompt_keys = [layer.keys.contiguous() for layer in prefill.layers]  # (G, kv_heads, P, head_dim)
-        self.prompt_values = [layer.values.contiguous() for layer in prefill.layers]
-        self.prompt_attend = _padding(mask, True)  # (G, 1, 1, P)
+        head = prefix if kernel is not None else 0  # torch's products read the prompts whole
+        self.prefix = [(layer.keys[:1, :, :head].contiguous(), layer.values[:1, :, :head].contiguous())
+                       for layer in prefill.layers] if head else None  # (1, kv_heads, prefix, head_dim)
+        self.prompt_keys = [layer.keys[:, :, head:].contiguous() for layer in prefill.layers]  # (G, kv_heads, P, hd)
+        self.prompt_values = [layer.values[:, :, head:].contiguous() for layer in prefill.layers]
+        self.prompt_attend = _padding(mask[:, head:], True)  # (G, 1, 1, P)
         self.keys, self.values = map(list, zip(*(_buffers(layer, mask.shape[0] * repeat, max_new_tokens)
                                                  for layer in prefill.layers)))
         self.grid = torch.arange(mask.shape[0] * repeat, device=mask.device)
@@ -142,7 +148,7 @@ class SharedPromptCache:
         own = self.columns - self.prompt + 1
         if self.kernel is not None:
             return self.kernel.shared(q, self.prompt_keys[i], self.prompt_values[i], self.prompt_attend, self.prompt_of,
-                                      self.keys[i], self.values[i], own, scale)
+                                      self.keys[i], self.values[i], own, scale, prefix=self._prefix(i))
         q = q * scale
         keys, values = self.keys[i][:, :, :own], self.values[i][:, :, :own]
         prompt = self._from_grid(torch.matmul(self._to_grid(q), self.prompt_keys[i].transpose(-1, -2))
@@ -158,7 +164,12 @@ class SharedPromptCache:
             self.append(i, k, v)
             return self.attention(q, i, scale)
         return self.kernel.shared(q, self.prompt_keys[i], self.prompt_values[i], self.prompt_attend, self.prompt_of,
-                                  self.keys[i], self.values[i], self.columns - self.prompt + 1, scale, new=(k, v))
+                                  self.keys[i], self.values[i], self.columns - self.prompt + 1, scale, new=(k, v),
+                                  prefix=self._prefix(i))
+
+    def _prefix(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer i's keys and values of the columns every row reads first, or None."""
+        return None if self.prefix is None else self.prefix[i]
 
     def _to_grid(self, rows: torch.Tensor) -> torch.Tensor:
         """(B, kv_heads, group, C) rows -> (G, kv_heads, repeat x group, C), zero at rows that left."""

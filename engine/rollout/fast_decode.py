@@ -87,7 +87,7 @@ class FastDecoder:
     the rotary phase.
     """
 
-    def __init__(self, model, cache, mask: torch.Tensor, max_new_tokens: int, repeat: int = 1):
+    def __init__(self, model, cache, mask: torch.Tensor, max_new_tokens: int, repeat: int = 1, prefix: int = 0):
         self.model = model
         inner = model.model
         dtype, device = cache.layers[0].keys.dtype, mask.device
@@ -96,8 +96,8 @@ class FastDecoder:
         # The written-out attention as one compiled kernel where it can be built (`engine/kernels/`);
         # asked for only where it would run.
         kernel = decode_attention.available() if manual else None
-        if shares_prompts(manual, repeat, mask.shape[1], kernel is not None):
-            self.cache = SharedPromptCache(cache, mask, repeat, max_new_tokens, kernel)
+        if shares_prompts(manual, repeat, mask.shape[1], kernel is not None, prefix):
+            self.cache = SharedPromptCache(cache, mask, repeat, max_new_tokens, kernel, prefix)
         else:
             self.cache = RowCache(cache, mask, repeat, max_new_tokens, manual, kernel)
         capacity = mask.shape[1] + max_new_tokens

@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from hflow.engine import work_meter
-from hflow.engine.lm_head import logits_kwargs
-from hflow.engine.padding import positions
 from hflow.engine.rollout.assembly import assemble_rollout
 from hflow.engine.rollout.fast_decode import FastDecoder, supports
+from hflow.engine.rollout.prefill import prefill
 
 
 @dataclass
@@ -169,20 +168,12 @@ class HFGenerator:
 
     def _generate_chunk(self, prompts, n, params: SamplingParams, generator):
         device = self._device()
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        # One prefill per prompt, shared by its n samples; the LM head on its last position only.
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
-                         **logits_kwargs(self.model, 1, width, device))
-        cache = out.past_key_values
-        logits = out.logits[:, -1].float().repeat_interleave(n, 0)
+        # One prefill per prompt, shared by its n samples, the prompts' common prefix run once
+        # (`prefill.py`); the LM head on each prompt's last position only.
+        logits, cache, mask, prefix = prefill(self.model, prompts, self.pad, device)
+        logits = logits.repeat_interleave(n, 0)
         if self.fast:  # the prompts' keys repeated to their n samples, or shared by them (`decode_cache.py`)
-            decoder = FastDecoder(self.model, cache, mask, params.max_new_tokens, repeat=n)
+            decoder = FastDecoder(self.model, cache, mask, params.max_new_tokens, repeat=n, prefix=prefix)
         else:
             cache.batch_repeat_interleave(n)
             decoder = ForwardDecoder(self.model, cache, mask.repeat_interleave(n, 0))

@@ -94,6 +94,25 @@ def test_prompts_held_once_give_the_attention_of_each_row_s_whole_cache(kernel, 
     torch.testing.assert_close(out, _eager(q, joined_keys, joined_values, joined_mask, 16, 0.2), rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("group, head_dim", [(1, 32), (3, 64), (2, 24)])
+def test_a_prefix_held_once_for_all_rows_gives_each_row_s_whole_attention(kernel, group, head_dim):
+    """`shared` with a `prefix`: 13 columns every row reads first (one copy), then its prompt's rest
+    and its own columns: the eager products' attention over the three joined."""
+    _, prefix_keys, prefix_values, _ = _inputs(1, 2, group, head_dim, 13, seed=6)
+    _, prompt_keys, prompt_values, prompt_mask = _inputs(3, 2, group, head_dim, 11, seed=1)
+    q, keys, values, _ = _inputs(7, 2, group, head_dim, 9, seed=2)
+    prompt_of = torch.tensor([2, 0, 0, 1, 2, 2, 1])
+    out = kernel.shared(q, prompt_keys, prompt_values, prompt_mask, prompt_of, keys, values, 5, 0.2,
+                        prefix=(prefix_keys, prefix_values))
+    joined_keys = torch.cat([prefix_keys.expand(7, -1, -1, -1), prompt_keys[prompt_of], keys[:, :, :5]], 2)
+    joined_values = torch.cat([prefix_values.expand(7, -1, -1, -1), prompt_values[prompt_of], values[:, :, :5]], 2)
+    joined_mask = torch.cat([torch.zeros(7, 1, 1, 13), prompt_mask[prompt_of], torch.zeros(7, 1, 1, 5)], -1)
+    torch.testing.assert_close(out, _eager(q, joined_keys, joined_values, joined_mask, 29, 0.2), rtol=1e-5, atol=2e-6)
+    with pytest.raises(ValueError, match="prefix"):
+        kernel.shared(q, prompt_keys, prompt_values, prompt_mask, prompt_of, keys, values, 5, 0.2,
+                      prefix=(prefix_keys.expand(2, -1, -1, -1), prefix_values))  # one copy, not one per row
+
+
 @pytest.mark.parametrize("layout", ["rows", "shared"])
 def test_the_step_s_key_and_value_appended_in_the_same_pass(kernel, layout):
     """`new`: this step's keys and values, views of one tensor's rows as the decoding step's joined
