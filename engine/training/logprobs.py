@@ -26,7 +26,7 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.lm_head import can_head_at, head_at, logits_kwargs, model_behind
 from hflow.engine.padding import positions
 from hflow.engine.training.lockstep import agreed, several_ranks
-from hflow.engine.training.packed import can_pack, packed_logits, packed_prompt_logits
+from hflow.engine.training.packed import can_pack, packed_logits, packed_prompt_logits, shared_prefix
 from hflow.engine.training.token_logprobs import token_log_probs
 
 
@@ -46,7 +46,8 @@ def response_log_probs(forward: Callable, batch: Batch, temperature: float,
     """(B, R) float32 log-probs of `responses` given everything before them; entropy (B, R) if asked.
 
     Rows that share their prompt with the row before (a prompt's n samples) are scored with
-    the prompt run once (`_shared_prompt_scores`), unless `batch.meta["share_prompts"]` is false
+    the prompt run once (`_shared_prompt_scores`; packed, so are prompts that begin alike: their
+    common prefix runs once, `packed.shared_prefix`), unless `batch.meta["share_prompts"]` is false
     (set by `packing.micro_batches`, which chose a cut for whole rows); otherwise every row is
     scored whole (`_left_aligned_scores`). See `shares_prompts` for `batch.meta["lockstep"]`.
     """
@@ -59,7 +60,8 @@ def response_log_probs(forward: Callable, batch: Batch, temperature: float,
 def shares_prompts(forward: Callable, batch: Batch, groups: torch.Tensor | None = None) -> bool:
     """Whether `response_log_probs` runs `batch`'s prompts once or its rows whole.
 
-    Normally: where some rows repeat a prompt, unless `batch.meta["share_prompts"]` is false. With
+    Normally: where some rows repeat a prompt, or packed rows' prompts share a prefix worth running
+    once, unless `batch.meta["share_prompts"]` is false. With
     `batch.meta["lockstep"]` (ZeRO-3 ranks, `lockstep.py`) `share_prompts` is the choice itself,
     agreed by every rank, whatever this batch's rows: a batch without repeated prompts is then
     scored in two forwards too (each row its own group: the same numbers).
@@ -68,7 +70,20 @@ def shares_prompts(forward: Callable, batch: Batch, groups: torch.Tensor | None 
     if batch.meta.get("lockstep") or not share:
         return bool(share)
     groups = prompt_groups(batch) if groups is None else groups
-    return int(groups[-1]) + 1 < len(groups)
+    return int(groups[-1]) + 1 < len(groups) or (_packs(forward, batch) and shared_prefix_of(batch, groups) > 0)
+
+
+def group_prompts(batch: Batch, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt_ids, prompt_mask) (G, P): each prompt group's prompt, left-padded, from its first row."""
+    mask = batch[col.ATTENTION_MASK]
+    width_p = mask.shape[1] - batch[col.RESPONSES].shape[1]
+    first_rows = torch.cat([groups.new_zeros(1), (groups[1:] != groups[:-1]).nonzero().squeeze(-1) + 1])
+    return batch[col.INPUT_IDS][first_rows, :width_p], mask[first_rows, :width_p]
+
+
+def shared_prefix_of(batch: Batch, groups: torch.Tensor) -> int:
+    """The tokens every prompt of `batch` begins with that a packed pass runs once (`packed.shared_prefix`)."""
+    return shared_prefix(*group_prompts(batch, groups))
 
 
 def scores_packed(forward: Callable, lockstep: bool = False) -> bool:
@@ -109,8 +124,7 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
     mask, responses = batch[col.ATTENTION_MASK], batch[col.RESPONSES]
     rows, width_r = responses.shape
     width_p = mask.shape[1] - width_r
-    first_rows = torch.cat([groups.new_zeros(1), (groups[1:] != groups[:-1]).nonzero().squeeze(-1) + 1])
-    prompt_ids, prompt_mask = batch[col.INPUT_IDS][first_rows, :width_p], mask[first_rows, :width_p]
+    prompt_ids, prompt_mask = group_prompts(batch, groups)
     groups = groups.to(prompt_ids.device)
     # Response column t's output scores token t + 1: a row needs its columns up to its last scored one.
     scored = batch[col.RESPONSE_MASK][:, 1:].bool()

@@ -7,7 +7,9 @@ cut that down only at the price of more, smaller forwards. Here the rows' real t
 the model as one sequence (1, T): the products, the norms and the LM head see exactly T tokens,
 in one forward. Rows that share a prompt (a prompt's n samples) follow that prompt, packed once at
 the head of the same sequence: the prompt's tokens, not the widest prompt's, run once for the
-group, without a second forward or a KV cache. Only attention needs the rows apart: in each layer
+group, without a second forward or a KV cache; tokens every prompt begins with (a chat template's
+header, a system prompt: `prompt_prefix.py`) run once at the head of it all, and every prompt and
+row attends to them first. Only attention needs the rows apart: in each layer
 the packed queries, keys and values are scattered into a (prompts, widest prompt) grid and a
 (rows, widest) grid, attend there (a prompt causally to itself; each row to its prompt's keys,
 then causally to its own tokens), and are gathered back. Attention is a small
@@ -34,12 +36,16 @@ import torch.nn.functional as F
 
 from hflow.engine import work_meter
 from hflow.engine.lm_head import can_head_at, head_at, model_behind
+from hflow.engine.prompt_prefix import common_prefix_of
 
 PACKED = "hflow_packed"
 LAYOUT_ATTR = "_hflow_packed_rows"  # on a packed call's attention mask: its PackedRows
 # Causal LMs whose attention modules call the attention interface with (B, heads, T, head_dim)
 # queries, keys and values after their rotary embedding, and use `layer_idx` (transformers').
 PACKABLE_MODELS = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+# Run the prompts' common prefix once where that saves at least this many tokens (its length x the
+# other prompts): below, the prefix's own attention call in every layer costs more than it saves.
+MIN_SHARED_TOKENS = 16
 
 
 @functools.cache
@@ -116,28 +122,38 @@ class PackedRows:
     """The layout of a packed sequence: `rows`' tokens, after `prompts`' when given. With prompts,
     the sequence starts with each distinct prompt's tokens once (`prompts`, one grid row per
     prompt), and row b's tokens follow its prompt `groups[b]`: they attend to that prompt's
-    tokens, then causally to their own. Without, each row starts at its position 0."""
+    tokens, then causally to their own. Without, each row starts at its position 0. With a
+    `prefix` (only with prompts), the sequence starts with the `prefix` tokens every prompt begins
+    with, once (`prompt_prefix.py`); the prompts' grid then holds each prompt's rest, which attends
+    to the prefix first, and so do the rows."""
 
     rows: Grid
     prompts: Grid | None = None
     groups: torch.Tensor | None = None  # (B,) each row's prompt, with `prompts`
+    prefix: int = 0
 
     def __post_init__(self):
-        self.attend_mask = None
+        self.attend_mask = self.prompt_mask = None
         if self.prompts is not None:
             p, device = self.prompts, self.groups.device
             before = torch.arange(p.width, device=device)[None] < p.widths[self.groups][:, None]
             before = before[:, None, None, :].expand(-1, 1, self.rows.width, -1)
             own = torch.ones(self.rows.width, self.rows.width, dtype=torch.bool, device=device).tril()
-            self.attend_mask = torch.cat([before, own.expand(self.rows.batch, 1, -1, -1)], -1)
+            self.attend_mask = torch.cat([_prefix_columns(self.rows.batch, self.rows.width, self.prefix, device),
+                                          before, own.expand(self.rows.batch, 1, -1, -1)], -1)
+            if self.prefix:
+                causal = torch.ones(p.width, p.width, dtype=torch.bool, device=device).tril()
+                self.prompt_mask = torch.cat([_prefix_columns(p.batch, p.width, self.prefix, device),
+                                              causal.expand(p.batch, 1, -1, -1)], -1)
 
     @property
     def computed_keys(self) -> int:
         """(query, key) pairs the grids' attention computes, padding included (the meter's unit)."""
         if self.prompts is None:
             return work_meter.causal_keys(self.rows.batch, self.rows.width, 0)
-        return work_meter.causal_keys(self.prompts.batch, self.prompts.width, 0) + \
-            work_meter.causal_keys(self.rows.batch, self.rows.width, self.prompts.width)
+        return work_meter.causal_keys(1, self.prefix, 0) + \
+            work_meter.causal_keys(self.prompts.batch, self.prompts.width, self.prefix) + \
+            work_meter.causal_keys(self.rows.batch, self.rows.width, self.prefix + self.prompts.width)
 
     def attend(self, query, key, value, dropout: float, scaling) -> torch.Tensor:
         """The attention output (1, T, heads, d) of packed (1, heads, T, d) queries, keys and values."""
@@ -146,15 +162,36 @@ class PackedRows:
         if self.prompts is None:
             q, k, v = (self.rows.scatter(t) for t in (query, key, value))
             return self.rows.gather(attention(q, k, v, is_causal=True))[None]
-        split = self.prompts.tokens
-        q, k, v = (self.prompts.scatter(t[:, :, :split]) for t in (query, key, value))
-        parts = [self.prompts.gather(attention(q, k, v, is_causal=True))]
+        head, split = self.prefix, self.prefix + self.prompts.tokens
+        shared_k, shared_v = key[:, :, :head], value[:, :, :head]  # (1, kv_heads, prefix, d)
+        parts = []
+        if head:
+            parts.append(attention(query[:, :, :head], shared_k, shared_v, is_causal=True)[0].transpose(0, 1))
+        q, k, v = (self.prompts.scatter(t[:, :, head:split]) for t in (query, key, value))
+        if head:
+            out = attention(q, _after(shared_k, k), _after(shared_v, v), attn_mask=self.prompt_mask)
+        else:
+            out = attention(q, k, v, is_causal=True)
+        parts.append(self.prompts.gather(out))
         if self.rows.tokens:
             k = torch.cat([k[self.groups], self.rows.scatter(key[:, :, split:])], 2)
             v = torch.cat([v[self.groups], self.rows.scatter(value[:, :, split:])], 2)
-            out = attention(self.rows.scatter(query[:, :, split:]), k, v, attn_mask=self.attend_mask)
+            out = attention(self.rows.scatter(query[:, :, split:]), _after(shared_k, k), _after(shared_v, v),
+                            attn_mask=self.attend_mask)
             parts.append(self.rows.gather(out))
         return torch.cat(parts)[None]
+
+
+def _prefix_columns(batch: int, width: int, prefix: int, device) -> torch.Tensor:
+    """(batch, 1, width, prefix) True: every query attends to the shared prefix's keys."""
+    return torch.ones(batch, 1, width, prefix, dtype=torch.bool, device=device)
+
+
+def _after(shared: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The shared prefix's keys (or values) (1, heads, prefix, d) before each grid row's (R, heads, W, d)."""
+    if not shared.shape[2]:
+        return keys
+    return torch.cat([shared.expand(keys.shape[0], -1, -1, -1), keys], 2)
 
 
 def _attention(q, k, v, **kwargs) -> torch.Tensor:
@@ -182,19 +219,32 @@ def packed_prompt_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.T
                          ids: torch.Tensor, widths: torch.Tensor,
                          scored: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Rows that continue shared prompts, as one packed forward: each prompt's tokens once, then
-    row b's first widths[b] tokens of `ids` (B, >= max width) after its prompt `groups[b]`.
+    row b's first widths[b] tokens of `ids` (B, >= max width) after its prompt `groups[b]`; the
+    tokens every prompt begins with once before them all (`shared_prefix`).
 
     `prompt_ids`, `prompt_mask`: (G, P) left-padded prompts. Returns the logits (G + K, V): at each
     prompt's last token (they predict its rows' first tokens), then at the K `scored` (row, column)
     pairs of `ids`. Only for `can_pack` models."""
     lengths = prompt_mask.sum(-1)
-    prompts, rows = Grid(lengths), Grid(widths.to(ids.device))
-    padding = (prompt_mask.shape[1] - lengths)[prompts.rows]  # a prompt's tokens are its last `length` columns
-    tokens = torch.cat([prompt_ids[prompts.rows, padding + prompts.columns], ids[rows.rows, rows.columns]])
-    positions = torch.cat([prompts.columns, lengths[groups][rows.rows] + rows.columns])
+    head = shared_prefix(prompt_ids, prompt_mask)
+    prompts, rows = Grid(lengths - head), Grid(widths.to(ids.device))
+    # A prompt's tokens are its last `length` columns; the grid holds them from its `head`-th on.
+    padding = (prompt_mask.shape[1] - lengths)[prompts.rows] + head
+    first = prompt_ids[0, prompt_mask.shape[1] - lengths[0]:][:head]
+    tokens = torch.cat([first, prompt_ids[prompts.rows, padding + prompts.columns], ids[rows.rows, rows.columns]])
+    positions = torch.cat([torch.arange(head, device=ids.device), head + prompts.columns,
+                           lengths[groups][rows.rows] + rows.columns])
     at_row, at_column = scored
-    heads = torch.cat([prompts.offsets + lengths - 1, prompts.tokens + rows.offsets[at_row] + at_column])
-    return _forward(forward, tokens, positions, PackedRows(rows, prompts, groups), heads)
+    heads = torch.cat([head + prompts.offsets + prompts.widths - 1,
+                       head + prompts.tokens + rows.offsets[at_row] + at_column])
+    return _forward(forward, tokens, positions, PackedRows(rows, prompts, groups, head), heads)
+
+
+def shared_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:
+    """The tokens the packed prompts all begin with, run once (`prompt_prefix.common_prefix_of`),
+    where that saves `MIN_SHARED_TOKENS`; else 0."""
+    head = common_prefix_of(prompt_ids, prompt_mask)
+    return head if head * (len(prompt_ids) - 1) >= MIN_SHARED_TOKENS else 0
 
 
 def _forward(forward, tokens: torch.Tensor, positions: torch.Tensor, layout: PackedRows,

@@ -19,7 +19,7 @@ from hflow.engine import columns as col
 from hflow.engine.groups.batch import Batch
 from hflow.engine.padding import SEQUENCE_KEYS
 from hflow.engine.training.lockstep import agreed
-from hflow.engine.training.logprobs import prompt_groups
+from hflow.engine.training.logprobs import prompt_groups, shared_prefix_of
 
 
 
@@ -79,12 +79,14 @@ def token_budget_groups(lengths: torch.Tensor, max_tokens: int, min_groups: int 
 
 
 def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, groups: torch.Tensor,
-                     max_tokens: int, min_groups: int = 1, with_cost: bool = False, packed: bool = False):
+                     max_tokens: int, min_groups: int = 1, with_cost: bool = False, packed: bool = False,
+                     prefix: int = 0):
     """Like `token_budget_groups`, for rows scored with their prompt run once per prompt group
     (`logprobs.response_log_probs`): a prompt group's rows stay together and consecutive, and a
     micro-batch costs (its prompt groups x its longest prompt) + (its rows x its longest
-    response) tokens, or, `packed`, its prompts' and rows' own tokens, plus one longest row.
-    Prompt groups are taken longest response first and cut by dynamic programming, as there."""
+    response) tokens, or, `packed`, its prompts' and rows' own tokens, the `prefix` every prompt
+    begins with once, plus one longest row. Prompt groups are taken longest response first and cut
+    by dynamic programming, as there."""
     counts = torch.unique_consecutive(groups, return_counts=True)[1].tolist()
     unit_rows = [part.tolist() for part in torch.arange(len(groups)).split(counts)]
     response = np.array([float(response_lengths[rows].max()) for rows in unit_rows])
@@ -100,7 +102,8 @@ def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tenso
     overhead = max(1.0, float(prompt.max() + response.max())) if order else 0.0
     tokens = padded
     if packed:
-        tokens = _summed(prompt + np.array([float(response_lengths[unit_rows[u]].sum()) for u in order]))
+        tokens = _summed(prompt - prefix + np.array([float(response_lengths[unit_rows[u]].sum()) for u in order]))
+        overhead += prefix
     cuts, cost = _cheapest_cut(len(order), tokens, overhead, max_tokens)
     cuts = _split_to([[order[k] for k in group] for group in cuts], min_groups)
     rows = [[row for u in chosen for row in unit_rows[u]] for chosen in cuts]
@@ -166,11 +169,14 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
     cut = functools.partial(token_budget_groups, lengths, budget, packed=packed)
     rows, cost = cut(with_cost=True)
     groups = prompt_groups(mini) if share_prompts else None
-    if groups is not None and int(groups[-1]) + 1 < len(groups):
+    # Packed, prompts that begin alike run that prefix once per micro-batch (`packed.shared_prefix`).
+    head = shared_prefix_of(mini, groups) if groups is not None and packed else 0
+    if groups is not None and (int(groups[-1]) + 1 < len(groups) or head):
         # Sharing prompts keeps a prompt's rows together, which can cost more padding than it
         # saves (short prompts, uneven responses): take whichever cut computes fewer tokens.
         responses = real_response_lengths(mini)
-        shared = functools.partial(prompt_group_cut, lengths - responses, responses, groups, budget, packed=packed)
+        shared = functools.partial(prompt_group_cut, lengths - responses, responses, groups, budget, packed=packed,
+                                   prefix=head)
         shared_rows, shared_cost = shared(with_cost=True)
         cheaper = shared_cost < cost
     else:

@@ -29,10 +29,12 @@ def _model(kind: str):
     return model.float()
 
 
-def _batch(share: bool) -> Batch:
-    """3 prompts of 2-6 tokens, each sampled 3 times (share) or once, responses of 1-9 tokens."""
+def _batch(share: bool, prefix: int = 0) -> Batch:
+    """3 prompts of 2-6 tokens, each sampled 3 times (share) or once, responses of 1-9 tokens; with
+    `prefix`, all three begin with the same `prefix` tokens (a chat template's header, say)."""
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (6, 2, 4)]
+    head = torch.randint(3, VOCAB, (prefix,), generator=g).tolist()
+    prompts = [head + torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (6, 2, 4)]
     rows = [p for p in prompts for _ in range(3 if share else 1)]
     lengths = torch.tensor([9, 1, 5, 7, 3, 9, 2, 6, 4][:len(rows)])
     out = assemble_rollout(rows, torch.randint(3, VOCAB, (len(rows), 9), generator=g), lengths, 0)
@@ -87,14 +89,74 @@ def test_packed_rows_score_as_each_row_alone(kind, share):
     _assert_same_grads(_grads(model, got, weights), _grads(model, want, weights))
 
 
-@pytest.mark.parametrize("share", [True, False])
-def test_checkpointing_recomputes_the_packed_attention_in_the_backward(share):
+def test_a_prefix_every_prompt_begins_with_runs_once_and_scores_as_each_row_alone(monkeypatch):
+    """Prompts that begin with the same 20 tokens: the packed pass runs those tokens once, before
+    every prompt's rest, and each row's log-probs and the gradients are those of the row alone."""
+    model = _model("llama")
+    batch = _batch(True, prefix=20)
+    heads = []
+    layout = packed.PackedRows.__post_init__
+    monkeypatch.setattr(packed.PackedRows, "__post_init__", lambda self: heads.append(self.prefix) or layout(self))
+    mask = batch["response_mask"].float()
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(6)) * mask
+    want = _alone(model, batch) * mask
+    got, _ = logprobs.response_log_probs(model, batch, 1.0)
+    assert heads == [20]
+    torch.testing.assert_close(got * mask, want, rtol=1e-5, atol=1e-5)
+    _assert_same_grads(_grads(model, got, weights), _grads(model, want, weights))
+
+
+def test_prompts_sampled_once_share_their_prefix_too(monkeypatch):
+    """One sample per prompt (PPO's n = 1): no prompt repeats, but the three begin alike, so the
+    packed pass still runs their prefix once, with each row's own log-probs."""
+    model = _model("llama")
+    batch = _batch(False, prefix=20)
+    assert logprobs.shares_prompts(model, Batch(batch.tensors, batch.columns, {}))
+    heads = []
+    layout = packed.PackedRows.__post_init__
+    monkeypatch.setattr(packed.PackedRows, "__post_init__", lambda self: heads.append(self.prefix) or layout(self))
+    mask = batch["response_mask"].float()
+    got, _ = logprobs.response_log_probs(model, Batch(batch.tensors, batch.columns, {}), 1.0)
+    assert heads == [20]
+    torch.testing.assert_close(got * mask, _alone(model, batch) * mask, rtol=1e-5, atol=1e-5)
+
+
+def test_a_shared_prefix_counts_once_in_the_meter():
+    """The meter counts the prefix's 20 tokens once, each prompt's rest, and the keys the three
+    grids computed: the prefix causally, the prompts' rests after it, the rows after both."""
+    model = _model("llama")
+    batch = _batch(True, prefix=20)
+    work_meter.attach(model, "actor")
+    work_meter.take()
+    with torch.no_grad():
+        logprobs.response_log_probs(model, batch, 1.0)
+    counted = work_meter.take()["other"]["actor"]
+    lengths = batch["response_mask"].sum(-1)
+    assert counted["tokens"] == 20 + (6 + 2 + 4) + int((lengths - 1).sum())
+    widest = int(lengths.max()) - 1
+    assert counted["keys"] == (work_meter.causal_keys(1, 20, 0) + work_meter.causal_keys(3, 6, 20)
+                               + work_meter.causal_keys(len(batch), widest, 26))
+
+
+def test_a_short_common_prefix_is_not_split_off():
+    """Two shared tokens save less than the prefix's own attention call costs: no prefix."""
+    def prefix_of(batch):
+        first = torch.tensor([0, 3, 6])  # each prompt's first row
+        width = batch["attention_mask"].shape[1] - batch["responses"].shape[1]
+        return packed.shared_prefix(batch["input_ids"][first, :width], batch["attention_mask"][first, :width])
+
+    assert prefix_of(_batch(True, prefix=2)) == 0
+    assert prefix_of(_batch(True, prefix=20)) == 20
+
+
+@pytest.mark.parametrize("share, prefix", [(True, 0), (False, 0), (True, 20)])
+def test_checkpointing_recomputes_the_packed_attention_in_the_backward(share, prefix):
     """With activation checkpointing each layer runs again during the backward, after the forward
     that packed it has returned: the layout travels with the attention mask, so the recomputation
-    attends within rows too. Packed, shared prompts need no KV cache: they are shared under
-    checkpointing too."""
+    attends within rows too (and after a shared prefix). Packed, shared prompts need no KV cache:
+    they are shared under checkpointing too."""
     model = _model("llama")
-    batch = _batch(share)
+    batch = _batch(share, prefix)
     weights, want = _alone_then_checkpointed(model, batch, 2)
     assert logprobs.shares_prompts(model, batch) == share
     calls = []

@@ -203,3 +203,23 @@ def test_packed_micro_batches_count_the_rows_own_tokens():
     rows, cost = prompt_group_cut(torch.tensor([4, 4, 6, 6]), torch.tensor([3, 1, 2, 5]), groups, 20,
                                   packed=True, with_cost=True)
     assert rows == [[2, 3], [0, 1]] and cost == (6 + 7) + (4 + 4) + 2 * 11
+
+
+def test_packed_micro_batches_share_a_prefix_of_prompts_sampled_once():
+    """Four prompts sampled once each (no prompt repeats) that begin with the same 20 tokens: packed,
+    the prompt-group cut costs the prefix once and each row's own tokens, 20 + 4 x (2 + 3) (+ 25)
+    against whole rows' 4 x 25 (+ 25), so it is taken."""
+    from hflow.engine.training.packing import micro_batches, prompt_group_cut
+
+    head = list(range(10, 30))
+    prompts = torch.tensor([head + [5, 6], head + [7, 8], head + [5, 9], head + [6, 6]])
+    responses = torch.full((4, 3), 4)
+    batch = Batch({"input_ids": torch.cat([prompts, responses], 1),
+                   "attention_mask": torch.ones(4, 25, dtype=torch.long),
+                   "response_mask": torch.ones(4, 3, dtype=torch.long), "responses": responses})
+    micros = micro_batches(batch, micro_batch_size=4, micro_batch_tokens=None, world_size=1, device="cpu",
+                           share_prompts=True, packed=True)
+    assert [len(m) for m in micros] == [4] and micros[0].meta["share_prompts"]
+    _, cost = prompt_group_cut(torch.full((4,), 22), torch.full((4,), 3), torch.arange(4), 1000, packed=True,
+                               with_cost=True, prefix=20)
+    assert cost == 20 + 4 * 5 + 25  # the prefix once, each row's own tokens, one longest row's overhead
