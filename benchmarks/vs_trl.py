@@ -4,7 +4,8 @@
     python benchmarks/vs_trl.py [--sizes tiny | small,medium,base] [--tokenizer char|bpe] [--model DIR]
                                 [--steps 12] [--rounds 2] [--engine hf|vllm] [--prompts 16] [--max-new 64[,256,...]]
                                 [--n 4[,16,...]] [--warmup 2] [--threads N] [--busy K] [--device cpu|cuda]
-                                [--checkpointing defaults|on|off] [--trl-host-memory on|off] [--kl 0.04] [--json]
+                                [--checkpointing defaults|on|off] [--trl-host-memory on|off] [--kl 0.04]
+                                [--system-tokens 256] [--json]
 
 Both train the same model (a locally built Llama of each --sizes entry: tiny 0.1M, small 3.4M,
 medium 27M, base 85M parameters, with the character tokenizer or a 512-token byte-level BPE trained
@@ -19,6 +20,8 @@ and large groups), temperature 1, one optimizer step per RL step, no KL term (TR
 its own process (with the command's CPU thread and host-memory settings, `engine/cpu_threads.py`,
 `engine/host_memory.py`); TRL runs in its own process with its defaults and, unless
 --trl-host-memory off, the same host-memory settings (glibc's malloc thresholds, huge pages).
+With --system-tokens N every prompt begins with the same instruction of N tokens (a system prompt:
+hflow runs it once per step, `engine/prompt_prefix.py`; TRL runs it in every row).
 With --engine vllm hflow also rescores the rollout before the update (the
 engine requires it), a pass TRL does not make.
 
@@ -35,7 +38,8 @@ Beside it, hflow's efficiency account (`hflow bench step`'s, `trainer/work/bench
 per phase the FLOPs and bytes it needed, what it computed, the least time this machine allows
 (peaks measured here at the phase's shapes) and the share of that limit reached. TRL has no meter
 of ours: its line is the same needed work for its own rows (prompt and completion lengths of
-every step, prompts shared by their 4 samples), the same limit, and its measured step time.
+every step, prompts shared by their 4 samples, what prompts begin with alike once), the same limit,
+and its measured step time.
 """
 
 from __future__ import annotations
@@ -70,10 +74,44 @@ def hflow_command(model_dir: str, out: str, a: argparse.Namespace) -> list[str]:
         # pass (the vllm engine always rescores: it reports no entropy).
         f"actor.recompute_old_log_probs={'true' if engine == 'vllm' else 'false'}",
     ]
+    if a.system_tokens:  # the same rows as TRL's, each prompt after the shared instruction (`task_rows`)
+        sets += [f"data.train={prompt_file(model_dir, out, a)}", f"data.max_prompt_length={a.system_tokens + 64}"]
     cmd = [sys.executable, "-m", "hflow", "train", "grpo/quickstart", "--output-dir", out]
     for s in sets:
         cmd += ["--set", s]
     return cmd
+
+
+# The instruction `--system-tokens` puts before every prompt (repeated to the length asked): the
+# system prompt or tool description that real RL prompts begin with, the same in every row.
+INSTRUCTION = ("You are a careful assistant. Read the request to its end, keep to the format it asks for, "
+               "and answer with digits only, with nothing before or after them. ")
+
+
+def task_rows(model_dir: str, a: argparse.Namespace) -> list[dict]:
+    """The digits task's rows both frameworks train on; with --system-tokens N, each prompt after
+    the same instruction of N tokens (of this model's tokenizer)."""
+    from hflow.trainer.data.tasks import make_rows
+
+    rows = make_rows("digits", a.prompts * (a.steps + 1), seed=0)
+    if a.system_tokens:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        text = INSTRUCTION * (a.system_tokens // 8 + 1)
+        ids = tokenizer(text, add_special_tokens=False).input_ids[:a.system_tokens]
+        head = tokenizer.decode(ids)
+        rows = [{**row, "prompt": head + row["prompt"]} for row in rows]
+    return rows
+
+
+def prompt_file(model_dir: str, out: str, a: argparse.Namespace) -> str:
+    """`task_rows` as a JSON-lines file (hflow's `data.train`), in the folder of the run `out`."""
+    path = Path(out).parent / f"{Path(out).name}-prompts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text("".join(json.dumps(row) + "\n" for row in task_rows(model_dir, a)))
+    return str(path)
 
 
 def read_hflow(out: str, warmup: int) -> dict:
@@ -92,20 +130,23 @@ def run_trl(model_dir: str, a: argparse.Namespace) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from hflow.trainer.data.rewards import synthetic
-    from hflow.trainer.data.tasks import make_rows
+    from hflow.trainer.work.needed import row_tries
 
     threads = torch.get_num_threads()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    dataset = Dataset.from_list(make_rows("digits", a.prompts * (a.steps + 1), seed=0))
+    dataset = Dataset.from_list(task_rows(model_dir, a))
     tokens: list[int] = []
-    rows: list[list[tuple[int, int]]] = []  # per step, each row's (prompt, completion) tokens
+    # Per step, each row's (prompt, completion) tokens and its prompt's (begun, rank) among the step's
+    # (`needed.row_tries`: what the needed work counts once).
+    rows: list[list[tuple[int, int, int, int]]] = []
 
     def reward(prompts, completions, task, answer, completion_ids, **_):
         # The sampled ids, not the decoded text re-tokenized (a BPE's random bytes re-encode longer).
-        rows.append([(len(tokenizer(p, add_special_tokens=False).input_ids), len(ids))
-                     for p, ids in zip(prompts, completion_ids)])
-        tokens.append(sum(p + c for p, c in rows[-1]))
+        prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        tries = zip(*(t.tolist() for t in row_tries(prompt_ids, torch.arange(len(prompts)) // a.n)))
+        rows.append([(len(p), len(ids), *trie) for p, ids, trie in zip(prompt_ids, completion_ids, tries)])
+        tokens.append(sum(row[0] + row[1] for row in rows[-1]))
         return synthetic(prompts, completions, task=task, answer=answer)
 
     class StepClock(TrainerCallback):
@@ -219,7 +260,8 @@ def one_run(name: str, model_dir: Path, out: str, a: argparse.Namespace, env: di
     else:
         cmd = [sys.executable, __file__, "--run", "trl", "--model", str(model_dir), "--out", out,
                *[f"--{k}={getattr(a, k.replace('-', '_'))}"
-                 for k in ("steps", "prompts", "max-new", "n", "warmup", "lr", "device", "checkpointing", "kl")]]
+                 for k in ("steps", "prompts", "max-new", "n", "warmup", "lr", "device", "checkpointing", "kl",
+                           "system-tokens")]]
     with Busy(a.busy):
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if done.returncode != 0:
@@ -247,14 +289,14 @@ def scan_size(label: str, model_dir: Path, tmp: str, a: argparse.Namespace, env:
                      "flops_per_s": 8 * params * tps, "of_peak": 8 * params * tps / peak,
                      "peak_bytes": max(v["peak_bytes"], default=0)}
     out["ratio"] = out["hflow"]["tokens_per_s"] / out["trl"]["tokens_per_s"]
-    out["account"] = accounts(str(model_dir), a, steps)
+    out["account"] = accounts(str(model_dir), a, steps, f"{tmp}/{label}-account")
     return out
 
 
 TRL_PHASES = {False: ("generate", "update_actor"), True: ("generate", "reference", "update_actor")}
 
 
-def accounts(model_dir: str, a: argparse.Namespace, steps: dict) -> dict:
+def accounts(model_dir: str, a: argparse.Namespace, steps: dict, out: str) -> dict:
     """hflow's efficiency account of its steps, and TRL's step against the same limit: the needed
     work of its own rows (generation, the reference's scoring with --kl, and the update: TRL at
     num_iterations=1 makes no other pass) over the same peaks."""
@@ -267,14 +309,14 @@ def accounts(model_dir: str, a: argparse.Namespace, steps: dict) -> dict:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    cmd = hflow_command(model_dir, "unused", a)
+    cmd = hflow_command(model_dir, out, a)  # for its recipe (a prompts file beside `out`, in the temporary folder)
     recipe = load_recipe("grpo/quickstart", [v for k, v in zip(cmd, cmd[1:]) if k == "--set"])[0]
     hflow = account(steps["hflow"]["events"], recipe)
     shape, peaks = role_shapes(recipe)["actor"], hflow["peaks"]
     limits, flops = [], []
     for rows in steps["trl"]["rows"]:
         lengths = torch.tensor(rows)
-        step_rows = StepRows(lengths[:, 0], lengths[:, 1], torch.arange(len(rows)) // a.n)
+        step_rows = StepRows(lengths[:, 0], lengths[:, 1], torch.arange(len(rows)) // a.n, lengths[:, 2], lengths[:, 3])
         needs = {phase: phase_needs(phase, "actor", shape, step_rows, recipe) for phase in TRL_PHASES[a.kl > 0]}
         flops.append(sum(whole(parts)[0] for parts in needs.values()))
         rates = {phase: hflow["phases"][phase]["peak_flops_per_s"] for phase in needs}
@@ -305,6 +347,8 @@ def main() -> None:
     parser.add_argument("--kl", type=float, default=0.0,
                         help="KL penalty against a frozen reference (hflow's grpo.kl_coef, TRL's beta); 0: none")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
+    parser.add_argument("--system-tokens", type=int, default=0,
+                        help="put the same instruction of this many tokens before every prompt (a system prompt)")
     parser.add_argument("--checkpointing", default="defaults", choices=["defaults", "on", "off"],
                         help="activation recomputation: each framework's default (TRL's GRPOConfig recomputes, "
                              "hflow's model.gradient_checkpointing does not), or on / off for both alike")
@@ -322,6 +366,8 @@ def main() -> None:
     if a.device is None:
         import torch
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.system_tokens < 0:
+        parser.error(f"--system-tokens {a.system_tokens}: give 0 (none) or more tokens")
     if a.steps <= a.warmup:
         parser.error(f"--steps must be more than --warmup {a.warmup} (the warm-up steps are dropped)")
     try:
@@ -364,6 +410,9 @@ def report(r: dict, a: argparse.Namespace) -> None:
         print(f"{name:8}{m['step_s']:>9.3f}{m['tokens_per_s']:>10.0f}{m['flops_per_s'] / 1e9:>9.1f}{m['of_peak']:>9.0%}"
               f"{m['peak_bytes'] / 2**20:>10.0f}")
     print(f"ratio hflow / TRL: {r['ratio']:.2f}x")
+    if a.system_tokens:
+        print(f"(GFLOP/s counts every row's every token as computed; hflow runs the {a.system_tokens}-token "
+              "instruction once a step, so its figure can pass the peak: the account below counts it once)")
     from hflow.trainer.work.bench_account import table
 
     acct = r["account"]

@@ -5,7 +5,9 @@ decoder), attention keys ((query, key) pairs of causal attention: the token at p
 to p + 1 keys) and head positions (the LM head's logits, or a score model's scalar head). What a
 phase needs, from its rows' real tokens only (no padding):
 
-  a prompt runs once for its group (the rows with one `uid`); a response of r tokens needs r - 1
+  a prompt runs once for its group (the rows with one `uid`), and tokens that prompts begin
+  with alike (a chat template's header, a system prompt) once for all of them (the prompts'
+  trie: `prompt_prefix.already_begun`); a response of r tokens needs r - 1
   more positions (its last token predicts nothing), and r logits of which the first, at the last
   prompt position, its group shares: groups + sum(r - 1) in all. Generation needs exactly this
   (a prefill per prompt, then one decoding step per row per token but the last), and so does
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hflow.engine.prompt_prefix import already_begun, trie_size
 from hflow.mapper.models import ModelShape
 
 ADAMW_BYTES_PER_PARAM = 28  # 4 fp32 tensors read, 3 written
@@ -63,6 +66,8 @@ class StepRows:
     prompt_lengths: torch.Tensor  # (N,) long
     response_lengths: torch.Tensor  # (N,) long
     groups: torch.Tensor  # (N,) long, group index of each row
+    begun: torch.Tensor | None = None  # (N,) long: the first tokens of a row's prompt another group's ran
+    rank: torch.Tensor | None = None  # (N,) long: its prompt's place among the groups' in sorted order
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -70,6 +75,12 @@ class StepRows:
     def group_prompts(self) -> torch.Tensor:
         """(G,) the prompt length of each group, in order of first appearance."""
         return self.prompt_lengths[_first_rows(self.groups)]
+
+    def group_begun(self) -> torch.Tensor:
+        """(G,) each group's prompt tokens that an earlier group's prompt needed already (0 without
+        the prompts' tokens)."""
+        first = _first_rows(self.groups)
+        return torch.zeros_like(first) if self.begun is None else self.begun[first]
 
 
 def _first_rows(groups: torch.Tensor) -> torch.Tensor:
@@ -93,12 +104,25 @@ def step_rows(attention_mask: torch.Tensor, response_width: int, uids: list | No
     if input_ids is not None:
         masked = torch.cat([input_ids[:, :width_p] * mask[:, :width_p], prompts[:, None]], 1)
         groups = torch.unique(masked, dim=0, return_inverse=True)[1]
-    elif uids is None:
+        tokens = [row[m.bool()].tolist() for row, m in zip(input_ids[:, :width_p], mask[:, :width_p])]
+        return StepRows(prompts, responses, groups, *row_tries(tokens, groups))
+    if uids is None:
         groups = torch.arange(len(mask))
     else:
         index: dict = {}
         groups = torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long)
     return StepRows(prompts, responses, groups)
+
+
+def row_tries(prompts: list[list[int]], groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(begun, rank) (N,) of each row's prompt group (`prompt_prefix.already_begun` over the groups'
+    prompts): the first tokens another group's prompt begins with too, and its sorted place."""
+    first = _first_rows(groups)
+    begun, rank = (torch.tensor(t, dtype=torch.long) for t in already_begun([prompts[i] for i in first.tolist()]))
+    _, inverse = torch.unique(groups, return_inverse=True)
+    order = torch.empty_like(first)
+    order[inverse[first]] = torch.arange(len(first))  # each group's index among the first rows
+    return begun[order[inverse]], rank[order[inverse]]
 
 
 def causal_sum(start: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -109,18 +133,18 @@ def causal_sum(start: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 def scoring_counts(rows: StepRows) -> Counts:
     """One pass that scores every response token (log-probs, values), or generates them:
     each group's prompt once, then r - 1 positions per row."""
-    prompts = rows.group_prompts()
+    prompts, begun = rows.group_prompts(), rows.group_begun()
     steps = (rows.response_lengths - 1).clamp(min=0)
-    keys = causal_sum(torch.zeros_like(prompts), prompts).sum() + causal_sum(rows.prompt_lengths, steps).sum()
-    return Counts(int(prompts.sum() + steps.sum()), int(keys), int(len(prompts) + steps.sum()))
+    keys = causal_sum(begun, prompts - begun).sum() + causal_sum(rows.prompt_lengths, steps).sum()
+    return Counts(int((prompts - begun).sum() + steps.sum()), int(keys), int(len(prompts) + steps.sum()))
 
 
 def reward_counts(rows: StepRows) -> Counts:
     """A reward model's pass: each group's prompt once, every response token, one score per row."""
-    prompts = rows.group_prompts()
+    prompts, begun = rows.group_prompts(), rows.group_begun()
     r = rows.response_lengths
-    keys = causal_sum(torch.zeros_like(prompts), prompts).sum() + causal_sum(rows.prompt_lengths, r).sum()
-    return Counts(int(prompts.sum() + r.sum()), int(keys), len(rows))
+    keys = causal_sum(begun, prompts - begun).sum() + causal_sum(rows.prompt_lengths, r).sum()
+    return Counts(int((prompts - begun).sum() + r.sum()), int(keys), len(rows))
 
 
 def head_params(shape: ModelShape, lm_head: bool) -> int:
@@ -167,17 +191,21 @@ def whole(parts: dict[str, Part]) -> tuple[float, float]:
 
 def generation_parts(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_bytes: int) -> dict[str, Part]:
     """Generation's work as the parts that run one after another: "prefill" (each prompt once for
-    its group, the weights read once per decode batch of `batch_rows` consecutive rows), then the
+    its group, what it begins with alike with another prompt once for both, the weights read once
+    per decode batch of `batch_rows` consecutive rows), then the
     decoding steps grouped by how many rows are still decoding, "decode_<k>" for k to 2k - 1 rows
     (in the order they run: the most rows first).
     A decoding step reads the weights, a prompt's KV cache once for its group (its samples can read
     it together, as the hf engine does with long prompts: `engine/rollout/decode_cache.py`) and
     each live row's own tokens'; its FLOPs are its live rows' (a row of response r decodes r - 1
     steps). The parts add up to `scoring_counts`' FLOPs and `generation_bytes`."""
-    prompts = rows.group_prompts()
-    batches = list(zip(*(t.split(max(1, batch_rows)) for t in
-                         ((rows.response_lengths - 1).clamp(min=0), rows.prompt_lengths, rows.groups))))
-    prefill = Counts(int(prompts.sum()), int(causal_sum(torch.zeros_like(prompts), prompts).sum()), len(prompts))
+    prompts, begun = rows.group_prompts(), rows.group_begun()
+    begun_rows = torch.zeros_like(rows.groups) if rows.begun is None else rows.begun
+    rank_rows = rows.groups if rows.rank is None else rows.rank  # (without: no two prompts begin alike)
+    batches = list(zip(*(t.split(max(1, batch_rows)) for t in ((rows.response_lengths - 1).clamp(min=0),
+                                                               rows.prompt_lengths, rows.groups, begun_rows,
+                                                               rank_rows))))
+    prefill = Counts(int((prompts - begun).sum()), int(causal_sum(begun, prompts - begun).sum()), len(prompts))
     weights = weights_bytes(shape, True, dtype_bytes)
     decoding = add_parts([_decoding(shape, *batch, weights, dtype_bytes) for batch in batches if batch[0].max() > 0])
     return {"prefill": Part(forward_flops(shape, True, prefill), len(batches) * weights, len(batches)),
@@ -185,17 +213,21 @@ def generation_parts(shape: ModelShape, rows: StepRows, batch_rows: int, dtype_b
 
 
 def _decoding(shape: ModelShape, steps: torch.Tensor, prompt: torch.Tensor, groups: torch.Tensor,
-              weights: float, dtype_bytes: int) -> dict[int, Part]:
-    """One decode batch's decoding steps (each row's `steps`, prompt length and group) by live rows:
-    {k: the steps with k to 2k - 1 live rows}."""
+              begun: torch.Tensor, rank: torch.Tensor, weights: float, dtype_bytes: int) -> dict[int, Part]:
+    """One decode batch's decoding steps (each row's `steps`, prompt length, group, and its prompt's
+    `begun` and `rank` among the step's: `row_tries`) by live rows: {k: the steps with k to 2k - 1
+    live rows}. A step reads the running groups' prompts, each distinct prefix of them once (the
+    nodes of their trie: a prefix every prompt begins with, once for all)."""
     span = int(steps.max())
     _, inverse = torch.unique(groups, return_inverse=True)
     group_steps = torch.zeros(int(inverse.max()) + 1, dtype=torch.long).scatter_reduce(0, inverse, steps, "amax")
-    group_prompt = torch.zeros_like(group_steps).scatter_reduce(0, inverse, prompt, "amax")
+    group_prompt, group_begun, group_rank = (torch.zeros_like(group_steps).scatter_reduce(0, inverse, t, "amax")
+                                             for t in (prompt, begun, rank))
     live = _still_running(steps, torch.ones_like(steps), span)
     own = live * torch.arange(1, span + 1)  # each live row's own tokens, the step's included
     step_flops = forward_flops(shape, True, Counts(live, _still_running(steps, prompt, span) + own, live))
-    step_bytes = weights + (_still_running(group_steps, group_prompt, span) + own) * shape.kv_bytes_per_token(dtype_bytes)
+    step_bytes = weights + (_prompt_columns(group_steps, group_prompt, group_begun, group_rank, span) + own) \
+        * shape.kv_bytes_per_token(dtype_bytes)
     bucket = 2 ** torch.floor(torch.log2(live.double())).long()
     return {k: Part(float(step_flops[bucket == k].sum()), float(step_bytes[bucket == k].sum()), int((bucket == k).sum()))
             for k in bucket.unique().tolist()}
@@ -210,6 +242,20 @@ def add_parts(needs: list[dict]) -> dict:
             have = total.get(name, Part(0.0, 0.0, 0))
             total[name] = Part(have.flops + p.flops, have.nbytes + p.nbytes, have.passes + p.passes)
     return total
+
+
+def _prompt_columns(steps: torch.Tensor, prompt: torch.Tensor, begun: torch.Tensor, rank: torch.Tensor,
+                    span: int) -> torch.Tensor:
+    """(span,) at decoding step s, the trie nodes of the prompts of the groups with more than s
+    steps (`prompt_prefix.trie_size`)."""
+    lengths, begun_list, rank_list = prompt.tolist(), begun.tolist(), rank.tolist()
+    sizes = {int(t): trie_size(lengths, begun_list, rank_list, (steps > t).tolist()) for t in steps.unique()}
+    at = torch.tensor([sizes[int(t)] for t in steps.unique()])
+    # the running set changes only where a group's steps end: step s has the set of the largest value below s + 1
+    ends = steps.unique()  # sorted
+    index = torch.searchsorted(ends, torch.arange(span), right=True) - 1
+    full = trie_size(lengths, begun_list, rank_list, [True] * len(lengths))
+    return torch.where(index >= 0, at[index.clamp(min=0)], full)
 
 
 def _still_running(steps: torch.Tensor, weight: torch.Tensor, span: int) -> torch.Tensor:

@@ -45,17 +45,50 @@ def test_rows_count_real_tokens_and_prompt_groups():
     assert step_rows(MASK, 4, None).group_prompts().tolist() == [3, 3, 2]  # no uids: each row alone
 
 
+# Prompt [5, 6, 7] sampled under two uids (rows 0 and 1), prompt [5, 6, 8] (row 2); responses of
+# 2, 4 and 1 tokens, as MASK's.
+TWO_UIDS_IDS = torch.tensor([[5, 6, 7, 1, 1, 0, 0],
+                             [5, 6, 7, 1, 1, 1, 1],
+                             [5, 6, 8, 1, 0, 0, 0]])
+TWO_UIDS_MASK = torch.tensor([[1] * 5 + [0] * 2, [1] * 7, [1] * 4 + [0] * 3])
+
+
 def test_the_same_prompt_in_two_groups_is_needed_once():
     # Two uids sampling one prompt (a data set that holds it twice), and a third prompt of the same
     # length but other tokens: the prompt's tokens, not the uid, decide what can be run once.
-    ids = torch.tensor([[5, 6, 7, 1, 1, 0, 0],
-                        [5, 6, 7, 1, 1, 1, 1],
-                        [5, 6, 8, 1, 0, 0, 0]])
-    mask = torch.tensor([[1] * 5 + [0] * 2, [1] * 7, [1] * 4 + [0] * 3])
-    rows = step_rows(mask, 4, ["a", "b", "c"], ids)
+    rows = step_rows(TWO_UIDS_MASK, 4, ["a", "b", "c"], TWO_UIDS_IDS)
     assert rows.groups.tolist() == [0, 0, 1]
     assert rows.group_prompts().tolist() == [3, 3]
-    assert step_rows(mask, 4, ["a", "b", "c"]).group_prompts().tolist() == [3, 3, 3]  # by uid alone
+    assert step_rows(TWO_UIDS_MASK, 4, ["a", "b", "c"]).group_prompts().tolist() == [3, 3, 3]  # by uid alone
+
+
+def test_tokens_prompts_begin_with_alike_are_needed_once():
+    # Prompts [5, 6, 7] and [5, 6, 8] begin alike: the second needs only its last token, at
+    # position 2 (3 keys); the first its 3 (1 + 2 + 3 keys). Responses as in the scoring test
+    # below: row 0 one step at position 3 (4 keys), row 1 three at 3, 4, 5 (15), row 2 none.
+    rows = step_rows(TWO_UIDS_MASK, 4, ["a", "b", "c"], TWO_UIDS_IDS)
+    assert rows.begun.tolist() == [0, 0, 2] and rows.group_begun().tolist() == [0, 2]
+    assert scoring_counts(rows) == Counts(tokens=(3 + 1) + 4, keys=(6 + 3) + 19, logits=2 + 4)
+    # the prefill needs the same prompt positions; a reward model too, then every response token
+    prefill = generation_parts(SHAPE, rows, 8, 4)["prefill"]
+    assert prefill.flops == forward_flops(SHAPE, True, Counts(4, 9, 2))
+    assert reward_counts(rows).tokens == 4 + 2 + 4 + 1
+
+
+def test_a_decoding_step_reads_what_running_prompts_begin_with_alike_once():
+    # Two groups of one row each: prompts [5, 6, 7, 1] and [5, 6, 7, 2] (3 tokens alike), responses
+    # of 3 and 2 tokens (2 and 1 decoding steps). Step 0: both run, their trie is 4 + 1 columns,
+    # and each row's own token: 5 + 2. Step 1: only the first, 4 + 2 (its two own tokens).
+    ids = torch.tensor([[5, 6, 7, 1, 3, 3, 3], [5, 6, 7, 2, 3, 3, 0]])
+    mask = torch.tensor([[1] * 7, [1] * 6 + [0]])
+    rows = step_rows(mask, 3, ["a", "b"], ids)
+    assert rows.begun.tolist() == [0, 3]
+    kv = SHAPE.kv_bytes_per_token(4)
+    weights = 4 * SHAPE.params(True)
+    parts = generation_parts(SHAPE, rows, 8, 4)
+    assert parts["decode_2"].nbytes == weights + (5 + 2) * kv
+    assert parts["decode_1"].nbytes == weights + (4 + 2) * kv
+    assert step_rows(mask, 3, ["a", "b"]).begun is None  # without the tokens, no prompt begins like another
 
 
 def test_scoring_counts_a_shared_prompt_once_and_no_padding():
