@@ -18,9 +18,12 @@ wherever oneDNN runs (`decodes_packed`: its thin products run faster through one
 passes' wide ones do not).
 
 Which is faster is measured on a product of a typical shape, both ways, on one thread
-(`onednn_chosen`); oneDNN is taken only when clearly faster (`MARGIN`). A run measures once, when it
-begins, and every process of it, a resume included, keeps that choice (`settle`).
-`HFLOW_CPU_PRODUCTS=onednn|blas` decides the passes' route instead (`auto`, the default, measures).
+(`faster_by`); oneDNN is taken only when clearly faster (`MARGIN`). The first run on a machine
+measures, and its answer is kept in the user's cache for every later run there (`machine_choice`):
+where the two are close, a measurement taken while another process was busy could go either way,
+and two runs of one recipe and seed on one machine would then not give the same bits. Every process
+of a run, a resume included, keeps the run's choice (`settle`). `HFLOW_CPU_PRODUCTS=onednn|blas`
+decides the passes' route instead (`auto`, the default, takes the machine's).
 
 oneDNN keeps every primitive it builds, one per product shape, in two caches (its own and ideep's,
 torch's wrapper around it) of 1,024 entries each. A run's products change shape at every step
@@ -36,14 +39,22 @@ module does it, before any product is built here.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import logging
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hflow.engine import user_cache
 from hflow.errors import UserError
+
+log = logging.getLogger(__name__)
 
 ENV = "HFLOW_CPU_PRODUCTS"
 CHOICES = ("auto", "onednn", "blas")
@@ -108,7 +119,67 @@ def onednn_chosen() -> bool:
         raise ProductChoiceError(f"environment {ENV}={os.environ[ENV]!r}: accepted values are {', '.join(CHOICES)}")
     if choice == "blas" or not onednn_available():
         return False
-    return choice == "onednn" or faster_by(product, F.linear) <= MARGIN
+    return choice == "onednn" or machine_choice() == "onednn"
+
+
+def machine_choice() -> str:
+    """`auto`'s route on this machine, "onednn" or "blas": the one the first run here measured,
+    kept in `$XDG_CACHE_HOME/hflow/products` under the CPU's model and flags and torch's version.
+    Where none is kept (or the record is damaged), measured now and kept; where two processes
+    measure at once, the first to keep its answer wins and both take it. Where the cache cannot be
+    used (not the user's own, not writable), measured for this process alone, said once."""
+    try:
+        path = user_cache.folder("products") / f"choice-{_machine_key()}.json"
+        return _read_choice(path) or _kept_first(path, _measured())
+    except (user_cache.NotOwn, OSError) as err:
+        log.info("the CPU product route is measured for this process, not kept for the machine: %s", err)
+        return _measured()[0]
+
+
+def _machine_key() -> str:
+    key = "\n".join([user_cache.cpu_identity(), torch.__version__, str(MARGIN)])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _measured() -> tuple[str, float]:
+    ratio = faster_by(product, F.linear)
+    return ("onednn" if ratio <= MARGIN else "blas"), ratio
+
+
+def _read_choice(path: Path) -> str | None:
+    """The route kept at `path`; None where there is none, or none that reads as one."""
+    if not path.exists():
+        return None
+    user_cache.check_own(path)
+    try:
+        with path.open() as f:
+            choice = json.loads(f.read(4096)).get("choice")
+    except (ValueError, AttributeError):
+        choice = None
+    if choice not in CHOICES[1:]:
+        log.info("%s holds no CPU product route: measured again", path)
+        return None
+    return choice
+
+
+def _kept_first(path: Path, measured: tuple[str, float]) -> str:
+    """Keep `measured` at `path` unless another process kept its own first; the kept route."""
+    choice, ratio = measured
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=".choice-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"choice": choice, "onednn_over_blas": round(ratio, 4), "torch": torch.__version__,
+                       "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
+        try:
+            os.link(partial, path)  # never over another process's record
+        except FileExistsError:
+            kept = _read_choice(path)
+            if kept is not None:
+                return kept
+            os.replace(partial, path)  # a damaged record: ours instead
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return choice
 
 
 class Settled:
@@ -128,7 +199,7 @@ class Settled:
 def settle(recorded: str | None = None) -> Settled:
     """Fix the choice for the rest of a run, in this process and the processes it starts: the user's
     HFLOW_CPU_PRODUCTS, else `recorded` (the choice the run made when it began, on a resume), else
-    measured now. `.choice` is "onednn" or "blas".
+    the machine's (`machine_choice`). `.choice` is "onednn" or "blas".
 
     The choice goes into the environment, which this process's children inherit and Ray's workers
     are given (`groups/ray_backend.py`), so no other process of the run measures again. Two

@@ -11,7 +11,7 @@ The library goes to `$XDG_CACHE_HOME/hflow/kernels` (`~/.cache/hflow/kernels`), 
 everything that shapes it: the source and headers, the flags, the compiler's version, the CPU's
 model and flags (a home directory shared by machines of different CPUs keeps one build per CPU),
 the OpenMP runtime's path. A library is code this process will run, so the folder must be the user's
-own and writable by no one else, and so must the file (checked before each load; built to a
+own and writable by no one else, and so must the file (`user_cache.py`, checked before each load; built to a
 temporary name and renamed into place, so that processes building at once never load half a file).
 
 Where there is no C compiler, no libgomp in the process (a torch built with another OpenMP), a
@@ -28,11 +28,11 @@ import logging
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tempfile
 from pathlib import Path
 
+from hflow.engine import user_cache
 from hflow.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def load(name: str) -> ctypes.CDLL | None:
         return None
     try:
         return ctypes.CDLL(str(_library(name)))
-    except (Unavailable, OSError) as err:
+    except (Unavailable, user_cache.NotOwn, OSError) as err:
         log.info("the %s kernel is not used, the torch path is: %s", name, err)
         return None
 
@@ -86,11 +86,6 @@ def _wrap(wrapper: type, library: ctypes.CDLL):
     return wrapper(library)
 
 
-def cache_folder() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hflow" / "kernels"
-
-
 def compiler() -> str:
     """The C compiler kernels are built with: $CC, else cc or gcc on PATH."""
     found = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -105,8 +100,9 @@ def _library(name: str) -> Path:
     openmp = openmp_runtime()
     version = _run([compiler_path, "--version"], "the compiler's --version").splitlines()[0]
     headers = [h.read_text() for h in sorted(SOURCES.glob("*.h"))]  # included by the sources
-    key = "\n".join([source.read_text(), *headers, " ".join(FLAGS), version, _cpu(), str(openmp)])
-    folder = _own_folder(cache_folder())
+    key = "\n".join([source.read_text(), *headers, " ".join(FLAGS), version, user_cache.cpu_identity(),
+                     str(openmp)])
+    folder = user_cache.folder("kernels")
     library = folder / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
     if not library.exists():
         fd, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".so")
@@ -118,7 +114,7 @@ def _library(name: str) -> Path:
             os.replace(partial, library)
         finally:
             Path(partial).unlink(missing_ok=True)
-    _check_own(library)
+    user_cache.check_own(library)
     return library
 
 
@@ -153,16 +149,6 @@ def library_of(address: int) -> Path:
     return Path(os.fsdecode(info.dli_fname)).resolve()
 
 
-def _cpu() -> str:
-    """The CPU's model and instruction flags (the library is built for them)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return os.uname().machine
-    wanted = [line for line in lines if line.split(":")[0].strip() in {"model name", "flags", "Features"}]
-    return "\n".join(dict.fromkeys(wanted))
-
-
 def _run(command: list[str], what: str) -> str:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_SECONDS)
@@ -172,22 +158,3 @@ def _run(command: list[str], what: str) -> str:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise Unavailable(f"{what} failed (exit {done.returncode}): {' | '.join(tail)}")
     return done.stdout
-
-
-def _own_folder(folder: Path) -> Path:
-    """The cache folder, made if missing; it and the folder above it (hflow's) must be the user's own."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _check_own(folder.parent)
-    _check_own(folder)
-    return folder
-
-
-def _check_own(path: Path) -> None:
-    """A folder or library this process will load code from: the user's own, writable by no one else."""
-    st = path.lstat()
-    if stat.S_ISLNK(st.st_mode):
-        raise Unavailable(f"{path} is a symbolic link")
-    if st.st_uid != os.getuid():
-        raise Unavailable(f"{path} belongs to another user (uid {st.st_uid})")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise Unavailable(f"{path} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):o})")

@@ -206,10 +206,12 @@ def _measured_as(monkeypatch, ratio: float) -> list:
 
 
 @pytest.mark.skipif(not cpu_products.onednn_available(), reason="needs oneDNN in torch")
-def test_a_run_keeps_the_choice_it_began_with(monkeypatch):
+def test_a_run_keeps_the_choice_it_began_with(monkeypatch, tmp_path):
     """A resume takes the recorded choice without measuring, and exports it for the processes it
-    starts; where nothing is recorded (or the record is no choice) the run measures once. The run's
-    end gives the process its environment back."""
+    starts; where nothing is recorded (or the record is no choice) the run takes the machine's,
+    measured by the first run here (`machine_choice`, tests/engine/test_product_choice.py). The
+    run's end gives the process its environment back."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     choose_cpu_products(monkeypatch, "auto")
     monkeypatch.delenv(cpu_products.ENV)
     calls = _measured_as(monkeypatch, 0.3)  # oneDNN clearly faster here, now
@@ -223,7 +225,7 @@ def test_a_run_keeps_the_choice_it_began_with(monkeypatch):
         assert settled.choice == "onednn" and os.environ[cpu_products.ENV] == "onednn"
         assert cpu_products.settle("blas").choice == "onednn"  # inside the run, its choice holds
         settled.restore()
-    assert len(calls) == 2  # once for each run, none inside it
+    assert len(calls) == 1  # by the first run on this machine; none inside a run
 
 
 def test_the_user_s_choice_beats_the_recorded_one(monkeypatch):
