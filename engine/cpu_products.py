@@ -128,12 +128,17 @@ def machine_choice() -> str:
     Where none is kept (or the record is damaged), measured now and kept; where two processes
     measure at once, the first to keep its answer wins and both take it. Where the cache cannot be
     used (not the user's own, not writable), measured for this process alone, said once."""
+    measured = None
     try:
         path = user_cache.folder("products") / f"choice-{_machine_key()}.json"
-        return _read_choice(path) or _kept_first(path, _measured())
+        kept = _read_choice(path)
+        if kept is not None:
+            return kept
+        measured = _measured()
+        return _kept_first(path, measured)
     except (user_cache.NotOwn, OSError) as err:
         log.info("the CPU product route is measured for this process, not kept for the machine: %s", err)
-        return _measured()[0]
+        return (measured or _measured())[0]
 
 
 def _machine_key() -> str:
