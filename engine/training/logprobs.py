@@ -26,8 +26,12 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.lm_head import can_head_at, head_at, logits_kwargs, model_behind
 from hflow.engine.padding import positions
 from hflow.engine.training.lockstep import agreed, several_ranks
-from hflow.engine.training.packed import can_pack, packed_logits, packed_prompt_logits, shared_prefix
+from hflow.engine.training.packed import HeldPrefix, can_pack, packed_logits, packed_prompt_logits, shared_prefix
 from hflow.engine.training.token_logprobs import token_log_probs
+
+# A scoring call cut into this many micro-batches or more runs its prompts' common prefix once and
+# hands its keys and values to the others (`_held_prefix`); with one, the prefix runs once anyway.
+HELD_FROM_MICRO_BATCHES = 2
 
 
 def prompt_groups(batch: Batch) -> torch.Tensor:
@@ -41,19 +45,20 @@ def prompt_groups(batch: Batch) -> torch.Tensor:
     return torch.cat([same.new_zeros(1, dtype=torch.long), (~same).long().cumsum(0)])
 
 
-def response_log_probs(forward: Callable, batch: Batch, temperature: float,
-                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def response_log_probs(forward: Callable, batch: Batch, temperature: float, with_entropy: bool = False,
+                       held: HeldPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) float32 log-probs of `responses` given everything before them; entropy (B, R) if asked.
 
     Rows that share their prompt with the row before (a prompt's n samples) are scored with
     the prompt run once (`_shared_prompt_scores`; packed, so are prompts that begin alike: their
     common prefix runs once, `packed.shared_prefix`), unless `batch.meta["share_prompts"]` is false
     (set by `packing.micro_batches`, which chose a cut for whole rows); otherwise every row is
-    scored whole (`_left_aligned_scores`). See `shares_prompts` for `batch.meta["lockstep"]`.
+    scored whole (`_left_aligned_scores`). See `shares_prompts` for `batch.meta["lockstep"]`. With a
+    `held` prefix (`batched_log_probs`, packed and without gradients) the prompts share it, packed.
     """
     groups = prompt_groups(batch)
-    if shares_prompts(forward, batch, groups):
-        return _shared_prompt_scores(forward, batch, groups, temperature, with_entropy)
+    if held is not None or shares_prompts(forward, batch, groups):
+        return _shared_prompt_scores(forward, batch, groups, temperature, with_entropy, held)
     return _left_aligned_scores(forward, batch, temperature, with_entropy)
 
 
@@ -109,7 +114,8 @@ def can_share_prompts(forward: Callable, lockstep: bool = False) -> bool:
 
 
 def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor, temperature: float,
-                          with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          with_entropy: bool,
+                          held: HeldPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs (and entropy), each distinct prompt run once; zero where not scored.
 
     A model that packs runs the prompts and the responses as one packed sequence
@@ -129,7 +135,8 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
     # Response column t's output scores token t + 1: a row needs its columns up to its last scored one.
     scored = batch[col.RESPONSE_MASK][:, 1:].bool()
     if _packs(forward, batch):
-        return _packed_scores(forward, prompt_ids, prompt_mask, groups, responses, scored, temperature, with_entropy)
+        return _packed_scores(forward, prompt_ids, prompt_mask, groups, responses, scored, temperature, with_entropy,
+                              held)
     prefix = forward(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
                      use_cache=True, **logits_kwargs(forward, 1, width_p, prompt_ids.device))
     cache, lockstep = prefix.past_key_values, bool(batch.meta.get("lockstep"))
@@ -163,14 +170,14 @@ def _shared_prompt_scores(forward: Callable, batch: Batch, groups: torch.Tensor,
 
 def _packed_scores(forward: Callable, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, groups: torch.Tensor,
                    responses: torch.Tensor, scored: torch.Tensor, temperature: float,
-                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool, held: HeldPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`_shared_prompt_scores` as one packed forward (`packed.packed_prompt_logits`), its logits
     scored in one pass (each prompt's last, scored by its every row, then the scored positions'):
     two slices of them would each take back a zeroed gradient of all of them."""
     rows, width_r = responses.shape
     row, column = scored.nonzero(as_tuple=True)
     widths = last_scored(scored) + 1 if width_r > 1 else torch.zeros_like(groups)
-    logits = packed_prompt_logits(forward, prompt_ids, prompt_mask, groups, responses, widths, (row, column))
+    logits = packed_prompt_logits(forward, prompt_ids, prompt_mask, groups, responses, widths, (row, column), held)
     scored_rows = torch.cat([groups, len(prompt_ids) + torch.arange(len(row), device=groups.device)])
     both = token_log_probs(logits, (scored_rows,), torch.cat([responses[:, 0], responses[row, column + 1]]),
                            temperature, with_entropy)
@@ -321,12 +328,14 @@ def batched_log_probs(forward: Callable, batch: Batch, temperature: float, micro
                       with_entropy: bool = False, zero3: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`response_log_probs` over micro-batches of `micro_batch_size` rows, without gradients.
 
-    `zero3` (the model is a ZeRO-3 shard): with several ranks every rank runs the same forwards
-    (`lockstep.py`): they agree whether to share prompts (only if all would) and on the number of
-    micro-batches (the most any has), a rank with fewer running one-token dummies.
+    Packed, the prefix every prompt of `batch` begins with runs in the first micro-batch only; the
+    others attend to its keys and values (`_held_prefix`). `zero3` (the model is a ZeRO-3 shard):
+    with several ranks every rank runs the same forwards (`lockstep.py`): they agree whether to
+    share prompts (only if all would) and on the number of micro-batches (the most any has), a rank
+    with fewer running one-token dummies.
     """
     micros = batch.split(micro_batch_size)
-    dummies = 0
+    dummies, held = 0, _held_prefix(forward, batch, len(micros))
     if zero3 and several_ranks():
         device = batch[col.RESPONSES].device
         share = agreed(len(batch) > 0 and shares_prompts(forward, batch), "min", device)
@@ -334,7 +343,8 @@ def batched_log_probs(forward: Callable, batch: Batch, temperature: float, micro
         micros = micros + [_dummy(batch)] * dummies
         for micro in micros:
             micro.meta.update(share_prompts=bool(share), lockstep=True)
-    parts = [response_log_probs(forward, micro, temperature, with_entropy) for micro in micros]
+        held = None
+    parts = [response_log_probs(forward, micro, temperature, with_entropy, held) for micro in micros]
     parts = parts[:len(parts) - dummies]
     if not parts:
         empty = batch[col.RESPONSES].new_zeros(batch[col.RESPONSES].shape, dtype=torch.float32)
@@ -342,6 +352,21 @@ def batched_log_probs(forward: Callable, batch: Batch, temperature: float, micro
     log_probs = torch.cat([p[0] for p in parts])
     entropy = torch.cat([p[1] for p in parts]) if with_entropy else None
     return log_probs, entropy
+
+
+def _held_prefix(forward: Callable, batch: Batch, micros: int) -> HeldPrefix | None:
+    """The prefix every prompt of `batch` begins with (`packed.shared_prefix` over all its prompts),
+    to run once for its `micros` packed micro-batches; None where there is one, where the rows are
+    not packed or scored with their prompts shared, or where no prefix is worth it."""
+    shared = batch.meta.get("share_prompts", True)
+    if micros < HELD_FROM_MICRO_BATCHES or not len(batch) or not shared or not _packs(forward, batch):
+        return None
+    prompt_ids, prompt_mask = group_prompts(batch, prompt_groups(batch))
+    head = shared_prefix(prompt_ids, prompt_mask)
+    if not head:
+        return None
+    start = prompt_mask.shape[1] - int(prompt_mask[0].sum())
+    return HeldPrefix(prompt_ids[0, start:start + head])
 
 
 def _dummy(like: Batch) -> Batch:

@@ -9,7 +9,9 @@ in one forward. Rows that share a prompt (a prompt's n samples) follow that prom
 the head of the same sequence: the prompt's tokens, not the widest prompt's, run once for the
 group, without a second forward or a KV cache; tokens every prompt begins with (a chat template's
 header, a system prompt: `prompt_prefix.py`) run once at the head of it all, and every prompt and
-row attends to them first. Only attention needs the rows apart: in each layer
+row attends to them first; a scoring call without gradients cut into several micro-batches runs
+that prefix in its first packed forward only and hands its keys and values, layer by layer, to the
+others (`HeldPrefix`). Only attention needs the rows apart: in each layer
 the packed queries, keys and values are scattered into a (prompts, widest prompt) grid and a
 (rows, widest) grid, attend there (a prompt causally to itself; each row to its prompt's keys,
 then causally to its own tokens), and are gathered back. Attention is a small
@@ -65,7 +67,7 @@ def _registered() -> bool:
         if layout is None:
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
-        return layout.attend(query, key, value, dropout, scaling), None
+        return layout.attend(query, key, value, dropout, scaling, getattr(module, "layer_idx", None)), None
 
     AttentionInterface.register(PACKED, attention)
     AttentionMaskInterface.register(PACKED, sdpa_mask)
@@ -117,6 +119,44 @@ class Grid:
         return rows.index_select(0, self.flat)
 
 
+class HeldPrefix:
+    """The keys and values of the prefix every prompt of a scoring call without gradients begins
+    with (`ids`), per layer: the call's first packed forward runs the prefix and keeps them (`keep`);
+    its later micro-batches attend to them without running the prefix again. Its keys come after
+    the rotary embedding at positions 0, 1, ..., the same in every forward."""
+
+    def __init__(self, ids: torch.Tensor):
+        self.ids = ids  # (P,)
+        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    @property
+    def kept(self) -> bool:
+        return bool(self.layers)
+
+    def keep(self, layer, key: torch.Tensor, value: torch.Tensor) -> None:
+        if layer is None:
+            raise ValueError("a held prefix needs each attention module's layer_idx")
+        self.layers[layer] = key.detach(), value.detach()
+
+    def of(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix's keys and values (1, kv_heads, P, d) in `layer`."""
+        if layer not in self.layers:
+            raise ValueError(f"the held prefix has no keys for layer {layer}: its first forward did not run it")
+        return self.layers[layer]
+
+    def begins(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> bool:
+        """Whether every left-padded prompt (G, P) begins with `ids` and has a token of its own after them."""
+        lengths = prompt_mask.sum(-1)
+        if bool((lengths <= self.length).any()):
+            return False
+        starts = (prompt_mask.shape[1] - lengths)[:, None] + torch.arange(self.length, device=prompt_ids.device)
+        return bool((prompt_ids.gather(1, starts) == self.ids.to(prompt_ids.device)[None]).all())
+
+
 @dataclass
 class PackedRows:
     """The layout of a packed sequence: `rows`' tokens, after `prompts`' when given. With prompts,
@@ -125,14 +165,18 @@ class PackedRows:
     tokens, then causally to their own. Without, each row starts at its position 0. With a
     `prefix` (only with prompts), the sequence starts with the `prefix` tokens every prompt begins
     with, once (`prompt_prefix.py`); the prompts' grid then holds each prompt's rest, which attends
-    to the prefix first, and so do the rows."""
+    to the prefix first, and so do the rows. With a `held` prefix that has kept its keys, the
+    sequence does not hold the prefix's tokens: they attend to the held keys instead."""
 
     rows: Grid
     prompts: Grid | None = None
     groups: torch.Tensor | None = None  # (B,) each row's prompt, with `prompts`
     prefix: int = 0
+    held: HeldPrefix | None = None
 
     def __post_init__(self):
+        # The prefix's tokens this sequence runs: all of them, or none where they are held.
+        self.ran = 0 if self.held is not None and self.held.kept else self.prefix
         self.attend_mask = self.prompt_mask = None
         if self.prompts is not None:
             p, device = self.prompts, self.groups.device
@@ -151,24 +195,30 @@ class PackedRows:
         """(query, key) pairs the grids' attention computes, padding included (the meter's unit)."""
         if self.prompts is None:
             return work_meter.causal_keys(self.rows.batch, self.rows.width, 0)
-        return work_meter.causal_keys(1, self.prefix, 0) + \
+        return work_meter.causal_keys(1, self.ran, 0) + \
             work_meter.causal_keys(self.prompts.batch, self.prompts.width, self.prefix) + \
             work_meter.causal_keys(self.rows.batch, self.rows.width, self.prefix + self.prompts.width)
 
-    def attend(self, query, key, value, dropout: float, scaling) -> torch.Tensor:
-        """The attention output (1, T, heads, d) of packed (1, heads, T, d) queries, keys and values."""
+    def attend(self, query, key, value, dropout: float, scaling, layer=None) -> torch.Tensor:
+        """The attention output (1, T, heads, d) of packed (1, heads, T, d) queries, keys and values
+        in decoder layer `layer` (its index: where the prefix is held)."""
         attention = functools.partial(_attention, dropout_p=dropout, scale=scaling,
                                       enable_gqa=query.shape[1] != key.shape[1])
         if self.prompts is None:
             q, k, v = (self.rows.scatter(t) for t in (query, key, value))
             return self.rows.gather(attention(q, k, v, is_causal=True))[None]
-        head, split = self.prefix, self.prefix + self.prompts.tokens
-        shared_k, shared_v = key[:, :, :head], value[:, :, :head]  # (1, kv_heads, prefix, d)
+        head, split = self.ran, self.ran + self.prompts.tokens
+        if self.prefix and not head:
+            shared_k, shared_v = self.held.of(layer)  # (1, kv_heads, prefix, d)
+        else:
+            shared_k, shared_v = key[:, :, :head], value[:, :, :head]
+            if head and self.held is not None:
+                self.held.keep(layer, shared_k, shared_v)
         parts = []
         if head:
             parts.append(attention(query[:, :, :head], shared_k, shared_v, is_causal=True)[0].transpose(0, 1))
         q, k, v = (self.prompts.scatter(t[:, :, head:split]) for t in (query, key, value))
-        if head:
+        if self.prefix:
             out = attention(q, _after(shared_k, k), _after(shared_v, v), attn_mask=self.prompt_mask)
         else:
             out = attention(q, k, v, is_causal=True)
@@ -217,27 +267,36 @@ def packed_logits(forward, ids: torch.Tensor, widths: torch.Tensor, start: torch
 
 def packed_prompt_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, groups: torch.Tensor,
                          ids: torch.Tensor, widths: torch.Tensor,
-                         scored: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                         scored: tuple[torch.Tensor, torch.Tensor], held: HeldPrefix | None = None) -> torch.Tensor:
     """Rows that continue shared prompts, as one packed forward: each prompt's tokens once, then
     row b's first widths[b] tokens of `ids` (B, >= max width) after its prompt `groups[b]`; the
-    tokens every prompt begins with once before them all (`shared_prefix`).
+    tokens every prompt begins with once before them all (`shared_prefix`), or, given a `held`
+    prefix (without gradients only), its tokens: run here if it has not kept its keys yet, else
+    attended to through them and not run.
 
     `prompt_ids`, `prompt_mask`: (G, P) left-padded prompts. Returns the logits (G + K, V): at each
     prompt's last token (they predict its rows' first tokens), then at the K `scored` (row, column)
     pairs of `ids`. Only for `can_pack` models."""
     lengths = prompt_mask.sum(-1)
-    head = shared_prefix(prompt_ids, prompt_mask)
+    if held is not None:
+        if torch.is_grad_enabled():
+            raise ValueError("a held prefix's keys carry no gradients: hold one only in a pass without them")
+        if not held.begins(prompt_ids, prompt_mask):
+            raise ValueError(f"these prompts do not all begin with the held prefix's {held.length} tokens")
+    head = shared_prefix(prompt_ids, prompt_mask) if held is None else held.length
     prompts, rows = Grid(lengths - head), Grid(widths.to(ids.device))
+    layout = PackedRows(rows, prompts, groups, head, held)
+    ran = layout.ran  # the prefix's tokens at the sequence's head: all, or none where held
     # A prompt's tokens are its last `length` columns; the grid holds them from its `head`-th on.
     padding = (prompt_mask.shape[1] - lengths)[prompts.rows] + head
-    first = prompt_ids[0, prompt_mask.shape[1] - lengths[0]:][:head]
+    first = prompt_ids[0, prompt_mask.shape[1] - lengths[0]:][:ran]
     tokens = torch.cat([first, prompt_ids[prompts.rows, padding + prompts.columns], ids[rows.rows, rows.columns]])
-    positions = torch.cat([torch.arange(head, device=ids.device), head + prompts.columns,
+    positions = torch.cat([torch.arange(ran, device=ids.device), head + prompts.columns,
                            lengths[groups][rows.rows] + rows.columns])
     at_row, at_column = scored
-    heads = torch.cat([head + prompts.offsets + prompts.widths - 1,
-                       head + prompts.tokens + rows.offsets[at_row] + at_column])
-    return _forward(forward, tokens, positions, PackedRows(rows, prompts, groups, head), heads)
+    heads = torch.cat([ran + prompts.offsets + prompts.widths - 1,
+                       ran + prompts.tokens + rows.offsets[at_row] + at_column])
+    return _forward(forward, tokens, positions, layout, heads)
 
 
 def shared_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:

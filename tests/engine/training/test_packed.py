@@ -138,6 +138,45 @@ def test_a_shared_prefix_counts_once_in_the_meter():
                                + work_meter.causal_keys(len(batch), widest, 26))
 
 
+@pytest.mark.parametrize("micro", [3, 2, 4])
+def test_a_prefix_held_across_micro_batches_runs_once_and_scores_as_each_row_alone(micro):
+    """Scoring without gradients in micro-batches of 3 rows (one prompt group each), 2 or 4 (groups
+    cut between micro-batches): the 20 tokens every prompt begins with run in the first packed
+    forward only, the others attend to their keys; each row's log-probs are its own alone."""
+    model = _model("llama")
+    batch = _batch(True, prefix=20)
+    work_meter.attach(model, "actor")
+    work_meter.take()
+    got, _ = logprobs.batched_log_probs(model, batch, 1.0, micro)
+    counted = work_meter.take()["other"]["actor"]
+    mask = batch["response_mask"].float()
+    with torch.no_grad():
+        want = _alone(model, batch) * mask
+    torch.testing.assert_close(got * mask, want, rtol=1e-5, atol=1e-5)
+    lengths = batch["response_mask"].sum(-1)
+    prompt_rests = torch.tensor([6, 6, 6, 2, 2, 2, 4, 4, 4])  # each row's prompt after the prefix
+    runs = [(prompt_rests[i:i + micro].unique_consecutive(), lengths[i:i + micro]) for i in range(0, 9, micro)]
+    # The prefix once; each micro-batch's prompt rests (a group cut in two runs its prompt twice).
+    assert counted["tokens"] == 20 + sum(int(p.sum()) for p, _ in runs) + int((lengths - 1).sum())
+    assert counted["keys"] == work_meter.causal_keys(1, 20, 0) + sum(
+        work_meter.causal_keys(len(p), int(p.max()), 20) + work_meter.causal_keys(len(n), int(n.max()) - 1,
+                                                                                  20 + int(p.max()))
+        for p, n in runs)
+
+
+def test_a_held_prefix_is_for_passes_without_gradients_and_for_prompts_that_begin_with_it():
+    model = _model("llama")
+    batch = _batch(True, prefix=20)
+    width = batch["attention_mask"].shape[1] - batch["responses"].shape[1]
+    ids, mask = batch["input_ids"][0, :width], batch["attention_mask"][0, :width].bool()
+    with pytest.raises(ValueError, match="without them"):
+        logprobs.response_log_probs(model, batch, 1.0, held=packed.HeldPrefix(ids[mask][:20]))
+    other = ids[mask][:20].clone()
+    other[3] = (other[3] + 1) % VOCAB
+    with torch.no_grad(), pytest.raises(ValueError, match="do not all begin"):
+        logprobs.response_log_probs(model, batch, 1.0, held=packed.HeldPrefix(other))
+
+
 def test_a_short_common_prefix_is_not_split_off():
     """Two shared tokens save less than the prefix's own attention call costs: no prefix."""
     def prefix_of(batch):
