@@ -26,7 +26,8 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.lm_head import can_head_at, head_at, logits_kwargs, model_behind
 from hflow.engine.padding import positions
 from hflow.engine.training.lockstep import agreed, several_ranks
-from hflow.engine.training.packed import HeldPrefix, can_pack, packed_logits, packed_prompt_logits, shared_prefix
+from hflow.engine.training.packed import (HeldPrefix, can_pack, held_prefix, packed_logits, packed_prompt_logits,
+                                         shared_prefix)
 from hflow.engine.training.token_logprobs import token_log_probs
 
 # A scoring call cut into this many micro-batches or more runs its prompts' common prefix once and
@@ -335,7 +336,7 @@ def batched_log_probs(forward: Callable, batch: Batch, temperature: float, micro
     with fewer running one-token dummies.
     """
     micros = batch.split(micro_batch_size)
-    dummies, held = 0, _held_prefix(forward, batch, len(micros))
+    dummies, held = 0, None
     if zero3 and several_ranks():
         device = batch[col.RESPONSES].device
         share = agreed(len(batch) > 0 and shares_prompts(forward, batch), "min", device)
@@ -343,7 +344,8 @@ def batched_log_probs(forward: Callable, batch: Batch, temperature: float, micro
         micros = micros + [_dummy(batch)] * dummies
         for micro in micros:
             micro.meta.update(share_prompts=bool(share), lockstep=True)
-        held = None
+    else:
+        held = _held_prefix(forward, batch, len(micros))
     parts = [response_log_probs(forward, micro, temperature, with_entropy, held) for micro in micros]
     parts = parts[:len(parts) - dummies]
     if not parts:
@@ -361,12 +363,7 @@ def _held_prefix(forward: Callable, batch: Batch, micros: int) -> HeldPrefix | N
     shared = batch.meta.get("share_prompts", True)
     if micros < HELD_FROM_MICRO_BATCHES or not len(batch) or not shared or not _packs(forward, batch):
         return None
-    prompt_ids, prompt_mask = group_prompts(batch, prompt_groups(batch))
-    head = shared_prefix(prompt_ids, prompt_mask)
-    if not head:
-        return None
-    start = prompt_mask.shape[1] - int(prompt_mask[0].sum())
-    return HeldPrefix(prompt_ids[0, start:start + head])
+    return held_prefix(*group_prompts(batch, prompt_groups(batch)))
 
 
 def _dummy(like: Batch) -> Batch:

@@ -306,6 +306,16 @@ def shared_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:
     return head if head * (len(prompt_ids) - 1) >= MIN_SHARED_TOKENS else 0
 
 
+def held_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> HeldPrefix | None:
+    """A `HeldPrefix` of the tokens the left-padded prompts (G, P) all begin with (`shared_prefix`),
+    or None where none is worth running once."""
+    head = shared_prefix(prompt_ids, prompt_mask)
+    if not head:
+        return None
+    start = prompt_mask.shape[1] - int(prompt_mask[0].sum())
+    return HeldPrefix(prompt_ids[0, start:start + head])
+
+
 def _forward(forward, tokens: torch.Tensor, positions: torch.Tensor, layout: PackedRows,
              heads: torch.Tensor) -> torch.Tensor:
     """The model's forward on the packed (T,) `tokens` at `positions`, attending by `layout`, its
