@@ -1,9 +1,9 @@
 """What running the prompts' common prefix once buys, side by side in one process, rounds alternating:
 generation (the prefill's shared pass and the decoding cache's one copy of the prefix,
-`engine/rollout/prefill.py`), scoring the old log-probs (the packed passes' shared prefix, run once
-for all the score micro-batches: `logprobs.HELD_FROM_MICRO_BATCHES`) and the update (the packed
-passes' shared prefix, once per micro-batch: `training/packed.py`), with the sharing on and off
-(every prompt run whole, as before); scoring also with the prefix run once per micro-batch.
+`engine/rollout/prefill.py`), scoring the old log-probs and the update (the packed passes' shared
+prefix, run once for all the micro-batches of a scoring call or of an optimizer step:
+`logprobs.HELD_FROM_MICRO_BATCHES`, `training/packed.py`), with the sharing on and off (every
+prompt run whole, as before); scoring and the update also with the prefix run once per micro-batch.
 
     python benchmarks/prefix_sharing_ab.py grpo/smollm2-arithmetic --rounds 6
     python benchmarks/prefix_sharing_ab.py grpo/quickstart --set model.path=/tmp/m/small --set model.init=null \\
@@ -59,7 +59,7 @@ def main() -> None:
             resolve(actor.update_actor(batches[0]))
             resolve(actor.compute_log_prob(batches[0]))
         times = {way: {"rollout": [], "score": [], "update": []} for way in ("shared", "whole")}
-        times["per micro"] = {"score": []}  # the prefix shared within each score micro-batch only
+        times["per micro"] = {"score": [], "update": []}  # the prefix shared within each micro-batch only
         for r in range(args.rounds):
             for way in (("shared", "whole") if r % 2 else ("whole", "shared")):
                 sharing(way == "shared")
@@ -67,15 +67,12 @@ def main() -> None:
                 resolve(actor.generate_sequences(data.batch(3 + r)))
                 times[way]["rollout"].append(time.perf_counter() - start)
                 hows = (("per micro", "shared") if r % 2 else ("shared", "per micro")) if way == "shared" else (way,)
-                for how in hows:
-                    sharing(way == "shared", hold=how != "per micro")
-                    start = time.perf_counter()
-                    resolve(actor.compute_log_prob(batches[1]))
-                    times[how]["score"].append(time.perf_counter() - start)
-                sharing(way == "shared")
-                start = time.perf_counter()
-                resolve(actor.update_actor(batches[1]))
-                times[way]["update"].append(time.perf_counter() - start)
+                for phase, call in (("score", actor.compute_log_prob), ("update", actor.update_actor)):
+                    for how in hows:
+                        sharing(way == "shared", hold=how != "per micro")
+                        start = time.perf_counter()
+                        resolve(call(batches[1]))
+                        times[how][phase].append(time.perf_counter() - start)
     finally:
         sharing(True)
         groups.shutdown()
@@ -86,7 +83,7 @@ def main() -> None:
                 rounds = ", ".join(f"{s:.3f}" for s in t[phase])
                 print(f"{phase:8s} {way:9s} median {medians[way]:.3f} s  ({rounds})")
         print(f"{phase:8s} shared faster by {medians['whole'] / medians['shared']:.2f}x" +
-              (f", than per micro-batch by {medians['per micro'] / medians['shared']:.2f}x" if phase == "score" else ""))
+              (f", than per micro-batch by {medians['per micro'] / medians['shared']:.2f}x" if phase != "rollout" else ""))
 
 
 if __name__ == "__main__":

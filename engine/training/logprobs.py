@@ -32,6 +32,7 @@ from hflow.engine.training.token_logprobs import token_log_probs
 
 # A scoring call cut into this many micro-batches or more runs its prompts' common prefix once and
 # hands its keys and values to the others (`_held_prefix`); with one, the prefix runs once anyway.
+# The same in an update's micro-batches (`trained_prefix`), forward and backward.
 HELD_FROM_MICRO_BATCHES = 2
 
 
@@ -364,6 +365,18 @@ def _held_prefix(forward: Callable, batch: Batch, micros: int) -> HeldPrefix | N
     if micros < HELD_FROM_MICRO_BATCHES or not len(batch) or not shared or not _packs(forward, batch):
         return None
     return held_prefix(*group_prompts(batch, prompt_groups(batch)))
+
+
+def trained_prefix(forward: Callable, mini: Batch, micros: list[Batch]) -> HeldPrefix | None:
+    """The prefix every prompt of an update's mini-batch `mini` begins with, to run once, forward
+    and backward, for its packed `micros` (`packed.HeldPrefix` with gradients: each micro-batch
+    scored with it, in order, each with its backward); None where there is one micro-batch, where
+    they are not packed or some is scored with whole rows, or where no prefix is worth it."""
+    if len(micros) < HELD_FROM_MICRO_BATCHES or not len(mini):
+        return None
+    if not all(_packs(forward, micro) and micro.meta.get("share_prompts", True) for micro in micros):
+        return None
+    return held_prefix(*group_prompts(mini, prompt_groups(mini)), uses=len(micros))
 
 
 def _dummy(like: Batch) -> Batch:

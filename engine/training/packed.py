@@ -11,7 +11,8 @@ group, without a second forward or a KV cache; tokens every prompt begins with (
 header, a system prompt: `prompt_prefix.py`) run once at the head of it all, and every prompt and
 row attends to them first; a scoring call without gradients cut into several micro-batches runs
 that prefix in its first packed forward only and hands its keys and values, layer by layer, to the
-others (`HeldPrefix`). Only attention needs the rows apart: in each layer
+others, and an update's micro-batches run it once, forward and backward (`HeldPrefix`). Only
+attention needs the rows apart: in each layer
 the packed queries, keys and values are scattered into a (prompts, widest prompt) grid and a
 (rows, widest) grid, attend there (a prompt causally to itself; each row to its prompt's keys,
 then causally to its own tokens), and are gathered back. Attention is a small
@@ -120,14 +121,25 @@ class Grid:
 
 
 class HeldPrefix:
-    """The keys and values of the prefix every prompt of a scoring call without gradients begins
-    with (`ids`), per layer: the call's first packed forward runs the prefix and keeps them (`keep`);
-    its later micro-batches attend to them without running the prefix again. Its keys come after
-    the rotary embedding at positions 0, 1, ..., the same in every forward."""
+    """The keys and values of the prefix every prompt of a scoring call begins with (`ids`), per
+    layer, for the call's packed micro-batches to attend to without running the prefix again. Its
+    keys come after the rotary embedding at positions 0, 1, ..., the same in every forward.
 
-    def __init__(self, ids: torch.Tensor):
+    Without gradients the call's first packed forward runs the prefix and keeps them (`keep`).
+    With them (`uses`: the number of packed forwards that will attend to it, an update's micro-
+    batches, each with its own backward) the prefix runs alone first (`run`), its graph kept; the
+    forwards before the last attend to detached copies, whose gradients their backwards gather,
+    and the last attends to the graph itself, handing it those gradients with its own
+    (`_HeldGradients`): one forward and one backward of the prefix for them all, inside the last
+    micro-batch's backward (DeepSpeed reduces gradients there). `flowed` says that it happened."""
+
+    def __init__(self, ids: torch.Tensor, uses: int | None = None):
+        if uses is not None and uses < 1:
+            raise ValueError(f"a held prefix with gradients needs at least one forward to attend to it, not {uses}")
         self.ids = ids  # (P,)
+        self.uses_left, self.flowed = uses, False
         self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.graph: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def length(self) -> int:
@@ -137,15 +149,40 @@ class HeldPrefix:
     def kept(self) -> bool:
         return bool(self.layers)
 
+    @property
+    def trains(self) -> bool:
+        return self.uses_left is not None
+
     def keep(self, layer, key: torch.Tensor, value: torch.Tensor) -> None:
         if layer is None:
             raise ValueError("a held prefix needs each attention module's layer_idx")
-        self.layers[layer] = key.detach(), value.detach()
+        if self.trains:
+            self.graph[layer] = key, value
+            self.layers[layer] = key.detach().requires_grad_(), value.detach().requires_grad_()
+        else:
+            self.layers[layer] = key.detach(), value.detach()
+
+    def run(self, forward) -> None:
+        """The prefix's forward alone, with gradients, its keys and values kept (`PrefixAlone`)."""
+        ids = self.ids.to(model_behind(forward).device)
+        _forward(forward, ids, torch.arange(len(ids), device=ids.device), PrefixAlone(self), ids.new_zeros(0))
+
+    def begin_use(self) -> None:
+        """A packed forward with gradients is about to attend to the prefix: the last of `uses` attends
+        to its graph (`of`)."""
+        if not self.trains:
+            return
+        if self.uses_left < 1:
+            raise ValueError("a held prefix with gradients was attended to more often than its uses")
+        self.uses_left -= 1
 
     def of(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefix's keys and values (1, kv_heads, P, d) in `layer`."""
         if layer not in self.layers:
             raise ValueError(f"the held prefix has no keys for layer {layer}: its first forward did not run it")
+        if self.trains and self.uses_left == 0:
+            return tuple(_HeldGradients.apply(graph, self, leaf) for graph, leaf in zip(self.graph[layer],
+                                                                                       self.layers[layer]))
         return self.layers[layer]
 
     def begins(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> bool:
@@ -155,6 +192,41 @@ class HeldPrefix:
             return False
         starts = (prompt_mask.shape[1] - lengths)[:, None] + torch.arange(self.length, device=prompt_ids.device)
         return bool((prompt_ids.gather(1, starts) == self.ids.to(prompt_ids.device)[None]).all())
+
+
+class _HeldGradients(torch.autograd.Function):
+    """The held prefix's keys (or values) as the last forward attends to them: their graph, whose
+    gradient in the backward is this forward's own plus what the earlier forwards gathered in the
+    detached copy `leaf`."""
+
+    @staticmethod
+    def forward(ctx, graph, held, leaf):
+        ctx.held, ctx.leaf = held, leaf
+        return graph.view_as(graph)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.held.flowed = True
+        gathered = ctx.leaf.grad
+        return (grad if gathered is None else grad + gathered), None, None
+
+
+@dataclass
+class PrefixAlone:
+    """The layout of a forward of a held prefix's tokens alone (`HeldPrefix.run`): causal
+    attention over them, their keys and values kept."""
+
+    held: HeldPrefix
+
+    @property
+    def computed_keys(self) -> int:
+        return work_meter.causal_keys(1, self.held.length, 0)
+
+    def attend(self, query, key, value, dropout: float, scaling, layer=None) -> torch.Tensor:
+        self.held.keep(layer, key, value)
+        out = _attention(query, key, value, dropout_p=dropout, scale=scaling, is_causal=True,
+                         enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2)
 
 
 @dataclass
@@ -271,18 +343,23 @@ def packed_prompt_logits(forward, prompt_ids: torch.Tensor, prompt_mask: torch.T
     """Rows that continue shared prompts, as one packed forward: each prompt's tokens once, then
     row b's first widths[b] tokens of `ids` (B, >= max width) after its prompt `groups[b]`; the
     tokens every prompt begins with once before them all (`shared_prefix`), or, given a `held`
-    prefix (without gradients only), its tokens: run here if it has not kept its keys yet, else
-    attended to through them and not run.
+    prefix, its tokens: without gradients run here if it has not kept its keys yet, else attended
+    to through them and not run; with them (a `HeldPrefix` of `uses`) run alone first, once.
 
     `prompt_ids`, `prompt_mask`: (G, P) left-padded prompts. Returns the logits (G + K, V): at each
     prompt's last token (they predict its rows' first tokens), then at the K `scored` (row, column)
     pairs of `ids`. Only for `can_pack` models."""
     lengths = prompt_mask.sum(-1)
     if held is not None:
-        if torch.is_grad_enabled():
-            raise ValueError("a held prefix's keys carry no gradients: hold one only in a pass without them")
+        if torch.is_grad_enabled() != held.trains:
+            raise ValueError("a held prefix with gradients is for passes with them" if held.trains else
+                             "a held prefix's keys carry no gradients: hold one only in a pass without them")
         if not held.begins(prompt_ids, prompt_mask):
             raise ValueError(f"these prompts do not all begin with the held prefix's {held.length} tokens")
+        if held.trains:
+            if not held.kept:
+                held.run(forward)
+            held.begin_use()
     head = shared_prefix(prompt_ids, prompt_mask) if held is None else held.length
     prompts, rows = Grid(lengths - head), Grid(widths.to(ids.device))
     layout = PackedRows(rows, prompts, groups, head, held)
@@ -306,14 +383,14 @@ def shared_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:
     return head if head * (len(prompt_ids) - 1) >= MIN_SHARED_TOKENS else 0
 
 
-def held_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> HeldPrefix | None:
+def held_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, uses: int | None = None) -> HeldPrefix | None:
     """A `HeldPrefix` of the tokens the left-padded prompts (G, P) all begin with (`shared_prefix`),
-    or None where none is worth running once."""
+    for `uses` forwards with gradients if given; None where none is worth running once."""
     head = shared_prefix(prompt_ids, prompt_mask)
     if not head:
         return None
     start = prompt_mask.shape[1] - int(prompt_mask[0].sum())
-    return HeldPrefix(prompt_ids[0, start:start + head])
+    return HeldPrefix(prompt_ids[0, start:start + head], uses)
 
 
 def _forward(forward, tokens: torch.Tensor, positions: torch.Tensor, layout: PackedRows,

@@ -84,9 +84,10 @@ def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tenso
     """Like `token_budget_groups`, for rows scored with their prompt run once per prompt group
     (`logprobs.response_log_probs`): a prompt group's rows stay together and consecutive, and a
     micro-batch costs (its prompt groups x its longest prompt) + (its rows x its longest
-    response) tokens, or, `packed`, its prompts' and rows' own tokens, the `prefix` every prompt
-    begins with once, plus one longest row. Prompt groups are taken longest response first and cut
-    by dynamic programming, as there."""
+    response) tokens, or, `packed`, its prompts' and rows' own tokens after the `prefix` every
+    prompt begins with, plus one longest row: the prefix runs once for all the micro-batches
+    (`logprobs.trained_prefix`), so a cut into more costs no more of it. Prompt groups are taken
+    longest response first and cut by dynamic programming, as there."""
     counts = torch.unique_consecutive(groups, return_counts=True)[1].tolist()
     unit_rows = [part.tolist() for part in torch.arange(len(groups)).split(counts)]
     response = np.array([float(response_lengths[rows].max()) for rows in unit_rows])
@@ -103,8 +104,8 @@ def prompt_group_cut(prompt_lengths: torch.Tensor, response_lengths: torch.Tenso
     tokens = padded
     if packed:
         tokens = _summed(prompt - prefix + np.array([float(response_lengths[unit_rows[u]].sum()) for u in order]))
-        overhead += prefix
     cuts, cost = _cheapest_cut(len(order), tokens, overhead, max_tokens)
+    cost += prefix if packed else 0.0  # once, whatever the cut
     cuts = _split_to([[order[k] for k in group] for group in cuts], min_groups)
     rows = [[row for u in chosen for row in unit_rows[u]] for chosen in cuts]
     # Fewer prompt groups than `min_groups`: split within a group (each part runs its prompt).
@@ -169,7 +170,7 @@ def micro_batches(mini: Batch, micro_batch_size: int, micro_batch_tokens: int | 
     cut = functools.partial(token_budget_groups, lengths, budget, packed=packed)
     rows, cost = cut(with_cost=True)
     groups = prompt_groups(mini) if share_prompts else None
-    # Packed, prompts that begin alike run that prefix once per micro-batch (`packed.shared_prefix`).
+    # Packed, prompts that begin alike run that prefix once (`packed.shared_prefix`, held across them).
     head = shared_prefix_of(mini, groups) if groups is not None and packed else 0
     if groups is not None and (int(groups[-1]) + 1 < len(groups) or head):
         # Sharing prompts keeps a prompt's rows together, which can cost more padding than it

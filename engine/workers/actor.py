@@ -38,7 +38,8 @@ from hflow.engine.rollout.weight_sync import PackedBucket, bucket_count, weight_
 from hflow.engine.seeding import seed_update
 from hflow.engine.specs import ActorSpec
 from hflow.engine.training.logprobs import (batched_log_probs, can_share_prompts, ptx_loss, response_log_probs,
-                                            scores_packed)
+                                            scores_packed, trained_prefix)
+from hflow.engine.training.packed import HeldPrefix
 from hflow.engine.rlmath.objective import ActorObjective
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.saved_weights import load_saved_weights
@@ -273,11 +274,16 @@ class ActorWorker(Worker):
             tokens = self._loss_divisor(mini[col.RESPONSE_MASK])
             micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens, self.world_size, self.device,
                                    share_prompts=share, zero3=o.zero_stage == 3, packed=packed)
+            # The prompts' common prefix runs once for all the micro-batches, its backward in the last's.
+            held = None if lockstep else trained_prefix(self.train_engine.forward, mini, micros)
             micro_stats = []
             for i, micro in enumerate(micros):
                 self.train_engine.set_boundary(i == len(micros) - 1)
-                micro_stats.append(self._micro_step(micro.to(self.device), tokens, use_kl))
+                micro_stats.append(self._micro_step(micro.to(self.device), tokens, use_kl, held))
                 trained += int(micro[col.ATTENTION_MASK].sum())
+            if held is not None and not held.flowed:
+                raise RuntimeError("the update's held prompt prefix got no gradients: its micro-batches' "
+                                   "gradients would miss the prefix's share")
             for k in micro_stats[-1]:
                 values = [s[k] for s in micro_stats if k in s]
                 # Losses are already shares of the mini-batch mean: they add up.
@@ -297,10 +303,11 @@ class ActorWorker(Worker):
             return global_token_count(mask, self.world_size, self.device)
         return global_token_count((mask.sum(-1) > 0).float(), self.world_size, self.device)
 
-    def _micro_step(self, micro: Batch, divisor: float, use_kl: bool) -> dict[str, float]:
+    def _micro_step(self, micro: Batch, divisor: float, use_kl: bool,
+                    held: HeldPrefix | None = None) -> dict[str, float]:
         s = self.spec
         mask = micro[col.RESPONSE_MASK].float()
-        log_probs, _ = response_log_probs(self.train_engine.forward, micro, s.rollout.temperature)
+        log_probs, _ = response_log_probs(self.train_engine.forward, micro, s.rollout.temperature, held=held)
         # DeepSpeed averages gradients over ranks, so each rank's share of the global token (or
         # sequence) count is scaled up by the world size: the update is the same for any DP size.
         loss, stats = self.objective(

@@ -164,6 +164,59 @@ def test_a_prefix_held_across_micro_batches_runs_once_and_scores_as_each_row_alo
         for p, n in runs)
 
 
+def _held_through_micro_batches(model, batch: Batch, micro: int, weights: torch.Tensor) -> packed.HeldPrefix:
+    """An update's micro-batches of `micro` rows, each with its backward, all attending to one
+    prefix held with gradients: the parameters' .grad then hold the whole batch's."""
+    micros = batch.split(micro)
+    held = packed.held_prefix(*logprobs.group_prompts(batch, logprobs.prompt_groups(batch)), uses=len(micros))
+    for i, part in enumerate(micros):
+        log_probs, _ = logprobs.response_log_probs(model, part, 1.0, held=held)
+        (log_probs * weights[i * micro:(i + 1) * micro]).sum().backward()
+    return held
+
+
+@pytest.mark.parametrize("micro, checkpointing", [(3, False), (2, False), (4, False), (2, True)])
+def test_a_prefix_held_through_an_update_s_micro_batches_runs_once_with_each_row_s_own_gradients(micro,
+                                                                                              checkpointing):
+    """An update in micro-batches of 3 rows, 2 or 4 (prompt groups cut between them), with
+    activation checkpointing too: the 20 tokens every prompt begins with run once, forward and
+    backward, and the gradients gathered over the micro-batches are those of every row alone."""
+    model = _model("llama")
+    batch = _batch(True, prefix=20)
+    mask = batch["response_mask"].float()
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(4)) * mask
+    want = _grads(model, _alone(model, batch), weights)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        model.train()
+    work_meter.attach(model, "actor")
+    work_meter.take()
+    held = _held_through_micro_batches(model, batch, micro, weights)
+    counted = work_meter.take()["other"]["actor"]
+    assert held.flowed
+    _assert_same_grads([p.grad for p in model.parameters()], want)
+    lengths = batch["response_mask"].sum(-1)
+    prompt_rests = torch.tensor([6, 6, 6, 2, 2, 2, 4, 4, 4])
+    runs = [prompt_rests[i:i + micro].unique_consecutive() for i in range(0, 9, micro)]
+    tokens = 20 + sum(int(p.sum()) for p in runs) + int((lengths - 1).sum())  # the prefix once
+    assert counted["backward_tokens"] == tokens
+    assert counted["tokens"] == tokens * (2 if checkpointing else 1)
+
+
+def test_a_prefix_held_with_gradients_is_attended_to_as_often_as_its_uses():
+    model = _model("llama")
+    batch = _batch(True, prefix=20)
+    prompts = logprobs.group_prompts(batch, logprobs.prompt_groups(batch))
+    with torch.no_grad(), pytest.raises(ValueError, match="for passes with them"):
+        logprobs.response_log_probs(model, batch, 1.0, held=packed.held_prefix(*prompts, uses=2))
+    held = packed.held_prefix(*prompts, uses=1)
+    logprobs.response_log_probs(model, batch, 1.0, held=held)
+    with pytest.raises(ValueError, match="more often than its uses"):
+        logprobs.response_log_probs(model, batch, 1.0, held=held)
+    with pytest.raises(ValueError, match="at least one forward"):
+        packed.HeldPrefix(prompts[0][0, :20], uses=0)
+
+
 def test_a_held_prefix_is_for_passes_without_gradients_and_for_prompts_that_begin_with_it():
     model = _model("llama")
     batch = _batch(True, prefix=20)

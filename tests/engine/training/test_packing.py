@@ -223,3 +223,15 @@ def test_packed_micro_batches_share_a_prefix_of_prompts_sampled_once():
     _, cost = prompt_group_cut(torch.full((4,), 22), torch.full((4,), 3), torch.arange(4), 1000, packed=True,
                                with_cost=True, prefix=20)
     assert cost == 20 + 4 * 5 + 25  # the prefix once, each row's own tokens, one longest row's overhead
+
+
+def test_a_prefix_held_across_micro_batches_costs_the_cut_once():
+    """Two prompt groups after the same 20 tokens, a budget that holds one group: the cut into two
+    micro-batches costs the prefix once (the update holds it across them), each group's own
+    tokens, and one longest row's overhead per micro-batch."""
+    from hflow.engine.training.packing import prompt_group_cut
+
+    rows, cost = prompt_group_cut(torch.full((4,), 22), torch.full((4,), 3), torch.tensor([0, 0, 1, 1]), 10,
+                                  packed=True, with_cost=True, prefix=20)
+    assert rows == [[0, 1], [2, 3]]
+    assert cost == 20 + 2 * (2 + 2 * 3) + 2 * 25

@@ -44,6 +44,41 @@ def test_token_budget_micro_batches_give_the_same_update(tiny_model):
     assert_same_adam_step(small, whole, lr=0.01)
 
 
+def test_a_prompt_header_held_through_the_update_s_micro_batches_gives_the_same_update(tiny_model, tmp_path,
+                                                                                       monkeypatch):
+    """Prompts after the same 54-character header, the update cut into micro-batches by a token
+    budget: the header runs once for them all (held with its gradients), and the step is the one
+    of a single micro-batch, where it runs once anyway."""
+    import json
+
+    from hflow.engine.training import packed
+    from hflow.trainer.data.tasks import make_rows
+
+    header = "you are a careful assistant. answer with digits only. "
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({**row, "prompt": header + row["prompt"]}) + "\n"
+                            for row in make_rows("digits", 32, seed=0)))
+    runs = []
+    run = packed.HeldPrefix.run
+    monkeypatch.setattr(packed.HeldPrefix, "run", lambda self, forward: runs.append(self.length) or run(self, forward))
+
+    def recipe(**actor):
+        return build_recipe({
+            "model": {"path": str(tiny_model)}, "data": {"train": str(data), "max_prompt_length": 96},
+            "rollout": {"n": 4, "max_response_length": 16},
+            "actor": {"lr": 0.01, "micro_batch_size": 16, "mini_batch_size": 16, **actor},
+            "trainer": {"prompts_per_step": 4},
+        }, {}, "test")
+
+    _, m_whole, whole = _rollout_and_update(recipe(), tiny_model)
+    assert runs == []  # one micro-batch: the header runs once in it
+    _, m_small, small = _rollout_and_update(recipe(micro_batch_tokens=100), tiny_model)
+    assert len(runs) == 1 and runs[0] >= len(header) - 2, runs
+    assert m_small["actor/grad_norm"] == pytest.approx(m_whole["actor/grad_norm"], rel=1e-5)
+    assert m_small["actor/loss"] == pytest.approx(m_whole["actor/loss"], rel=1e-5, abs=1e-7)
+    assert_same_adam_step(small, whole, lr=0.01)
+
+
 def test_reused_rollout_log_probs_match_recomputed(tiny_model):
     recomputed, _, _ = _rollout_and_update(_recipe(tiny_model), tiny_model)
     reused, _, _ = _rollout_and_update(_recipe(tiny_model, recompute_old_log_probs=False), tiny_model)
