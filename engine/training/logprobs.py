@@ -26,13 +26,12 @@ from hflow.engine.groups.batch import Batch
 from hflow.engine.lm_head import can_head_at, head_at, logits_kwargs, model_behind
 from hflow.engine.padding import positions
 from hflow.engine.training.lockstep import agreed, several_ranks
-from hflow.engine.training.packed import (HeldPrefix, can_pack, held_prefix, packed_logits, packed_prompt_logits,
-                                         shared_prefix)
+from hflow.engine.training.held_prefix import HeldPrefix
+from hflow.engine.training.packed import can_pack, held_prefix, packed_logits, packed_prompt_logits, shared_prefix
 from hflow.engine.training.token_logprobs import token_log_probs
 
 # A scoring call cut into this many micro-batches or more runs its prompts' common prefix once and
-# hands its keys and values to the others (`_held_prefix`); with one, the prefix runs once anyway.
-# The same in an update's micro-batches (`trained_prefix`), forward and backward.
+# hands its keys and values to the others (`_held_prefix`; an update's, `trained_prefix`).
 HELD_FROM_MICRO_BATCHES = 2
 
 
@@ -56,8 +55,7 @@ def response_log_probs(forward: Callable, batch: Batch, temperature: float, with
     common prefix runs once, `packed.shared_prefix`), unless `batch.meta["share_prompts"]` is false
     (set by `packing.micro_batches`, which chose a cut for whole rows); otherwise every row is
     scored whole (`_left_aligned_scores`). See `shares_prompts` for `batch.meta["lockstep"]`. With a
-    `held` prefix (`batched_log_probs`, packed and without gradients) the prompts share it, packed.
-    """
+    `held` prefix (packed: `batched_log_probs`, `trained_prefix`) the prompts share it."""
     groups = prompt_groups(batch)
     if held is not None or shares_prompts(forward, batch, groups):
         return _shared_prompt_scores(forward, batch, groups, temperature, with_entropy, held)
@@ -368,10 +366,9 @@ def _held_prefix(forward: Callable, batch: Batch, micros: int) -> HeldPrefix | N
 
 
 def trained_prefix(forward: Callable, mini: Batch, micros: list[Batch]) -> HeldPrefix | None:
-    """The prefix every prompt of an update's mini-batch `mini` begins with, to run once, forward
-    and backward, for its packed `micros` (`packed.HeldPrefix` with gradients: each micro-batch
-    scored with it, in order, each with its backward); None where there is one micro-batch, where
-    they are not packed or some is scored with whole rows, or where no prefix is worth it."""
+    """The prefix every prompt of an update's mini-batch `mini` begins with, to run once, forward and
+    backward, for its packed `micros` (a `HeldPrefix` with gradients: each scored with it, in order,
+    each with its backward); None for one micro-batch, unpacked or whole rows, or no prefix worth it."""
     if len(micros) < HELD_FROM_MICRO_BATCHES or not len(mini):
         return None
     if not all(_packs(forward, micro) and micro.meta.get("share_prompts", True) for micro in micros):

@@ -39,7 +39,7 @@ from hflow.engine.seeding import seed_update
 from hflow.engine.specs import ActorSpec
 from hflow.engine.training.logprobs import (batched_log_probs, can_share_prompts, ptx_loss, response_log_probs,
                                             scores_packed, trained_prefix)
-from hflow.engine.training.packed import HeldPrefix
+from hflow.engine.training.held_prefix import HeldPrefix
 from hflow.engine.rlmath.objective import ActorObjective
 from hflow.engine.training.packing import global_token_count, micro_batches
 from hflow.engine.training.saved_weights import load_saved_weights

@@ -59,8 +59,8 @@ def test_a_prompt_header_held_through_the_update_s_micro_batches_gives_the_same_
     data.write_text("".join(json.dumps({**row, "prompt": header + row["prompt"]}) + "\n"
                             for row in make_rows("digits", 32, seed=0)))
     runs = []
-    run = packed.HeldPrefix.run
-    monkeypatch.setattr(packed.HeldPrefix, "run", lambda self, forward: runs.append(self.length) or run(self, forward))
+    run = packed.run_prefix_alone
+    monkeypatch.setattr(packed, "run_prefix_alone", lambda forward, held: runs.append(held.length) or run(forward, held))
 
     def recipe(**actor):
         return build_recipe({
