@@ -54,8 +54,6 @@ class HeldPrefix:
     def begin_use(self) -> None:
         """A packed forward with gradients is about to attend to the prefix: the last of `uses` attends
         to its graph (`of`)."""
-        if not self.trains:
-            return
         if self.uses_left < 1:
             raise ValueError("a held prefix with gradients was attended to more often than its uses")
         self.uses_left -= 1

@@ -369,7 +369,7 @@ def trained_prefix(forward: Callable, mini: Batch, micros: list[Batch]) -> HeldP
     """The prefix every prompt of an update's mini-batch `mini` begins with, to run once, forward and
     backward, for its packed `micros` (a `HeldPrefix` with gradients: each scored with it, in order,
     each with its backward); None for one micro-batch, unpacked or whole rows, or no prefix worth it."""
-    if len(micros) < HELD_FROM_MICRO_BATCHES or not len(mini):
+    if len(micros) < HELD_FROM_MICRO_BATCHES:
         return None
     if not all(_packs(forward, micro) and micro.meta.get("share_prompts", True) for micro in micros):
         return None

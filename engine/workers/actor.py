@@ -275,7 +275,7 @@ class ActorWorker(Worker):
             micros = micro_batches(mini, o.micro_batch_size, o.micro_batch_tokens, self.world_size, self.device,
                                    share_prompts=share, zero3=o.zero_stage == 3, packed=packed)
             # The prompts' common prefix runs once for all the micro-batches, its backward in the last's.
-            held = None if lockstep else trained_prefix(self.train_engine.forward, mini, micros)
+            held = trained_prefix(self.train_engine.forward, mini, micros)
             micro_stats = []
             for i, micro in enumerate(micros):
                 self.train_engine.set_boundary(i == len(micros) - 1)

@@ -13,9 +13,10 @@ from hflow.trainer.placement.worker_specs import critic_spec, reference_spec, sc
 from hflow.trainer.config.load import build_recipe
 
 
-def _recipe(model, **actor):
+def _recipe(model, data=None, **actor):
     return build_recipe({
-        "model": {"path": str(model)}, "data": {"train": "synthetic:digits", "synthetic_size": 32},
+        "model": {"path": str(model)},
+        "data": data or {"train": "synthetic:digits", "synthetic_size": 32},
         "rollout": {"n": 4, "max_response_length": 16},
         "actor": {"lr": 0.01, "micro_batch_size": 16, "mini_batch_size": 16, **actor},
         "trainer": {"prompts_per_step": 4},
@@ -60,19 +61,13 @@ def test_a_prompt_header_held_through_the_update_s_micro_batches_gives_the_same_
                             for row in make_rows("digits", 32, seed=0)))
     runs = []
     run = packed.run_prefix_alone
-    monkeypatch.setattr(packed, "run_prefix_alone", lambda forward, held: runs.append(held.length) or run(forward, held))
+    monkeypatch.setattr(packed, "run_prefix_alone",
+                        lambda forward, held: runs.append(held.length) or run(forward, held))
+    rows = {"train": str(data), "max_prompt_length": 96}
 
-    def recipe(**actor):
-        return build_recipe({
-            "model": {"path": str(tiny_model)}, "data": {"train": str(data), "max_prompt_length": 96},
-            "rollout": {"n": 4, "max_response_length": 16},
-            "actor": {"lr": 0.01, "micro_batch_size": 16, "mini_batch_size": 16, **actor},
-            "trainer": {"prompts_per_step": 4},
-        }, {}, "test")
-
-    _, m_whole, whole = _rollout_and_update(recipe(), tiny_model)
+    _, m_whole, whole = _rollout_and_update(_recipe(tiny_model, rows), tiny_model)
     assert runs == []  # one micro-batch: the header runs once in it
-    _, m_small, small = _rollout_and_update(recipe(micro_batch_tokens=100), tiny_model)
+    _, m_small, small = _rollout_and_update(_recipe(tiny_model, rows, micro_batch_tokens=100), tiny_model)
     assert len(runs) == 1 and runs[0] >= len(header) - 2, runs
     assert m_small["actor/grad_norm"] == pytest.approx(m_whole["actor/grad_norm"], rel=1e-5)
     assert m_small["actor/loss"] == pytest.approx(m_whole["actor/loss"], rel=1e-5, abs=1e-7)
