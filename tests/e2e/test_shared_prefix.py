@@ -28,9 +28,10 @@ def test_a_shared_header_runs_once_and_the_policy_learns(tmp_path):
     assert last >= first + 0.3, (first, last)
     # The 54-character header, counted once a step in what the rows need: run once per prompt, the
     # prefill would compute about 1.4x what it needs, the update about 1.4x too (each prompt whole);
-    # shared, 1.04-1.08 and 1.09-1.12 were measured (the update's two optimizer steps each run the
-    # header, which the needed work counts once a step). The scoring passes' four micro-batches hold
-    # the header's keys from the first (1.22 where each ran it).
-    for phase, most in (("generate", 1.2), ("update_actor", 1.25), ("old_log_prob", 1.1), ("reference", 1.1)):
+    # shared, 1.03-1.08 and 1.00-1.06 were measured (the update's two optimizer steps each run the
+    # header, and the needed work counts it once each; 1.09-1.12 when it counted it once a step).
+    # The scoring passes' four micro-batches hold the header's keys from the first (1.22 where each
+    # ran it).
+    for phase, most in (("generate", 1.2), ("update_actor", 1.1), ("old_log_prob", 1.1), ("reference", 1.1)):
         ratios = [e[f"work/{phase}/computed_flops"] / e[f"work/{phase}/needed_flops"] for e in events]
         assert all(1.0 <= r < most for r in ratios), (phase, ratios)

@@ -33,7 +33,6 @@ from hflow.mapper.models import ModelShape, resolve_model
 from hflow.trainer.config.recipe import Recipe
 from hflow.trainer.config.step_memory import decoded_rows
 from hflow.trainer.work.needed import (
-    BACKWARD,
     Part,
     StepRows,
     add_parts,
@@ -44,6 +43,7 @@ from hflow.trainer.work.needed import (
     reward_counts,
     scoring_counts,
     step_rows,
+    update_flops,
     update_parts,
     weights_bytes,
     whole,
@@ -180,10 +180,9 @@ def phase_needs(phase: str, label: str, shape: ModelShape, rows: StepRows, recip
         return {"pass": Part(forward_flops(shape, False, reward_counts(rows)), weights_bytes(shape, False, nbytes))}
     if phase.startswith("update_"):
         section = "actor" if phase == "update_actor" else "critic"
-        passes = (1 + BACKWARD) * getattr(recipe, section).epochs
-        return update_parts(shape, lm_head, nbytes, recipe.updates_per_step(section),
-                            trained_params(recipe, section, shape),
-                            passes * forward_flops(shape, lm_head, scoring_counts(rows)))
+        steps = recipe.updates_per_step(section)
+        return update_parts(shape, lm_head, nbytes, steps, trained_params(recipe, section, shape),
+                            update_flops(shape, lm_head, rows, getattr(recipe, section).epochs, steps))
     return {"pass": Part(forward_flops(shape, lm_head, scoring_counts(rows)), weights_bytes(shape, lm_head, nbytes))}
 
 

@@ -13,7 +13,9 @@ phase needs, from its rows' real tokens only (no padding):
   (a prefill per prompt, then one decoding step per row per token but the last), and so does
   scoring the rollout (old log-probs, reference, a critic's values). A reward model reads the
   score after the last response token: the response's r positions, one head position per row.
-  The update is a forward and a backward, 3x a forward (Kaplan et al. 2020, arXiv 2001.08361).
+  The update is a forward and a backward, 3x a forward (Kaplan et al. 2020, arXiv 2001.08361),
+  per epoch; each optimizer step after an epoch's first runs again the tokens every prompt begins
+  with (its rows begin with them whichever they are, and the weights are new).
 
 FLOPs: 2 per weight of a matrix product per token (the mapper's `ModelShape`), attention
 4 x layers x hidden per key (QK^T and AV, 2 x hidden each per layer), and 2 per head weight per
@@ -81,6 +83,16 @@ class StepRows:
         the prompts' tokens)."""
         first = _first_rows(self.groups)
         return torch.zeros_like(first) if self.begun is None else self.begun[first]
+
+    def shared_by_all(self) -> int:
+        """The first tokens every group's prompt begins with, short of the shortest prompt's last (one
+        group: its prompt but the last token; 0 without the prompts' tokens)."""
+        if self.begun is None or not len(self.groups):
+            return 0
+        first = _first_rows(self.groups)
+        after_first = self.begun[first][self.rank[first] > 0]  # the first in sorted order began nothing
+        limit = int(self.prompt_lengths.min()) - 1
+        return max(0, min(limit, int(after_first.min())) if len(after_first) else limit)
 
 
 def _first_rows(groups: torch.Tensor) -> torch.Tensor:
@@ -256,6 +268,16 @@ def _prompt_columns(steps: torch.Tensor, prompt: torch.Tensor, begun: torch.Tens
     index = torch.searchsorted(ends, torch.arange(span), right=True) - 1
     full = trie_size(lengths, begun_list, rank_list, [True] * len(lengths))
     return torch.where(index >= 0, at[index.clamp(min=0)], full)
+
+
+def update_flops(shape: ModelShape, lm_head: bool, rows: StepRows, epochs: int, optimizer_steps: int) -> float:
+    """FLOPs of an update of `rows`: a forward and a backward of every epoch's rows
+    (`scoring_counts`), and those of the tokens every prompt begins with in each optimizer step
+    after an epoch's first."""
+    shared = rows.shared_by_all()
+    again = Counts(shared, shared * (shared + 1) // 2, 0)  # positions 0..shared-1, causal
+    return (1 + BACKWARD) * (epochs * forward_flops(shape, lm_head, scoring_counts(rows))
+                             + max(0, optimizer_steps - epochs) * forward_flops(shape, lm_head, again))
 
 
 def _still_running(steps: torch.Tensor, weight: torch.Tensor, span: int) -> torch.Tensor:

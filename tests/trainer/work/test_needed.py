@@ -21,6 +21,7 @@ from hflow.trainer.work.needed import (
     scoring_counts,
     step_rows,
     update_bytes,
+    update_flops,
     update_parts,
     whole,
 )
@@ -165,6 +166,24 @@ def test_the_update_needs_three_forwards_per_epoch():
     assert flops == 2 * 3 * forward_flops(SHAPE, True, scoring_counts(ROWS))
     # 2 epochs x 4 sequences / 2 per mini-batch = 4 optimizer steps, float32 on the CPU
     assert nbytes == update_bytes(SHAPE, True, 4, 4, SHAPE.params(True))
+
+
+def test_each_optimizer_step_after_the_first_needs_what_every_prompt_begins_with_again():
+    # Prompts [5, 6, 7] and [5, 6, 8] begin alike with 2 tokens (positions 0 and 1: 1 + 2 keys, no
+    # logits); the recipe's 4 sequences in mini-batches of 2 are 2 optimizer steps an epoch.
+    rows = step_rows(TWO_UIDS_MASK, 4, ["a", "b", "c"], TWO_UIDS_IDS)
+    assert rows.shared_by_all() == 2
+    once, again = forward_flops(SHAPE, True, scoring_counts(rows)), forward_flops(SHAPE, True, Counts(2, 3, 0))
+    assert update_flops(SHAPE, True, rows, epochs=1, optimizer_steps=1) == 3 * once
+    for epochs in (1, 2):
+        flops, _ = whole(phase_needs("update_actor", "actor", SHAPE, rows, _recipe(epochs, mini_batch_size=2)))
+        assert flops == 3 * (epochs * once + epochs * again)  # 2 x epochs steps, one each again
+    # One prompt group: its prompt short of its last token; without the prompts' tokens, nothing.
+    assert step_rows(TWO_UIDS_MASK[:2], 4, ["a", "a"], TWO_UIDS_IDS[:2]).shared_by_all() == 2
+    assert step_rows(TWO_UIDS_MASK, 4, ["a", "b", "c"], torch.tensor([[5, 6, 7, 1, 1, 0, 0],
+                                                                       [5, 6, 7, 1, 1, 1, 1],
+                                                                       [4, 6, 7, 1, 0, 0, 0]])).shared_by_all() == 0
+    assert ROWS.shared_by_all() == 0
 
 
 class _Group:
