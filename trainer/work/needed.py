@@ -89,10 +89,8 @@ class StepRows:
         group: its prompt but the last token; 0 without the prompts' tokens)."""
         if self.begun is None or not len(self.groups):
             return 0
-        first = _first_rows(self.groups)
-        after_first = self.begun[first][self.rank[first] > 0]  # the first in sorted order began nothing
-        limit = int(self.prompt_lengths.min()) - 1
-        return max(0, min(limit, int(after_first.min())) if len(after_first) else limit)
+        after_first = self.group_begun()[self.rank[_first_rows(self.groups)] > 0]  # the first began nothing
+        return max(0, min([int(self.prompt_lengths.min()) - 1, *after_first.tolist()]))
 
 
 def _first_rows(groups: torch.Tensor) -> torch.Tensor:
@@ -275,7 +273,7 @@ def update_flops(shape: ModelShape, lm_head: bool, rows: StepRows, epochs: int, 
     (`scoring_counts`), and those of the tokens every prompt begins with in each optimizer step
     after an epoch's first."""
     shared = rows.shared_by_all()
-    again = Counts(shared, shared * (shared + 1) // 2, 0)  # positions 0..shared-1, causal
+    again = Counts(shared, causal_sum(0, shared), 0)
     return (1 + BACKWARD) * (epochs * forward_flops(shape, lm_head, scoring_counts(rows))
                              + max(0, optimizer_steps - epochs) * forward_flops(shape, lm_head, again))
 
