@@ -1,7 +1,8 @@
 """Where a phase of the actor spends its time: torch's profiler over one call of a recipe's actor
 (`--phase update`: `update_actor`, the default; `score`: `compute_log_prob`; `generate`:
 `generate_sequences`), after a warm-up call (optimizer state allocated) and `--timed` timed ones
-(default 2), each with its seconds in the kernel and its page faults (this process's).
+(default 2), each with its seconds in the kernel and its page faults (this process's); with
+`--fresh`, each timed update after a rollout of its own, as in a training step.
 
     python benchmarks/update_profile.py grpo/smollm2-arithmetic --top 15
     python benchmarks/update_profile.py grpo/quickstart --phase score --set model.path=... --trace t.json
@@ -31,9 +32,9 @@ from hflow.trainer.config.load import load_recipe
 from hflow.trainer.work.bench import _actor
 
 
-def _batches(actor, data, count: int, scored: bool) -> list[Batch]:
+def _batches(actor, data, count: int, scored: bool, first: int = 1) -> list[Batch]:
     batches = []
-    for step in range(1, count + 1):
+    for step in range(first, first + count):
         rollout = resolve(actor.generate_sequences(data.batch(step)))
         advantages = torch.randn(len(rollout), generator=torch.Generator().manual_seed(step))
         batch = rollout | Batch({col.ADVANTAGES: advantages})
@@ -66,6 +67,9 @@ def main() -> None:
     parser.add_argument("--phase", default="update", choices=["update", "score", "generate"])
     parser.add_argument("--top", type=int, default=15, help="operators listed")
     parser.add_argument("--timed", type=int, default=2, help="timed calls before the profiled one")
+    parser.add_argument("--fresh", action="store_true",
+                        help="(--phase update) each timed update on a batch the actor generates just before it, "
+                             "as a training step runs them: the rollout's own allocations between the updates")
     parser.add_argument("--trace", help="also write the profiled call's Chrome trace to this file")
     parser.add_argument("--shapes", default="", help="comma-separated operators (aten::fill_, ...) also listed by "
                                                       "input shape, their --top costliest shapes each")
@@ -81,6 +85,8 @@ def main() -> None:
         _call(actor, args.phase, batches[0], data, len(batches) + 1)
         timed = []
         for i, batch in enumerate(batches[1:-1]):
+            if args.fresh and args.phase == "update":
+                batch = _batches(actor, data, 1, scored=True, first=len(batches) + 1 + i)[0]
             before = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             _call(actor, args.phase, batch, data, len(batches) + 2 + i)
             after = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()

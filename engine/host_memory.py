@@ -7,13 +7,13 @@ at most) with a fresh mapping, and gives freed memory at its heap's top back to 
 its trim threshold; the next pass then faults on every 4 KiB page it touches, and the kernel
 zeroes each. On the 2-core development machine that was a fifth of an update's time in the
 kernel (docs/benchmarks.md, "Host memory"). So the command (`cli/__init__.py`) and the Python API
-(`trainer/api/__init__.py`) set, before torch loads, MALLOC_MMAP_MAX_ = 0 and
-MALLOC_TRIM_THRESHOLD_ = 1 GiB, for the processes it starts (glibc reads
-them when a process starts) and through `mallopt` for itself: every buffer comes from the heap, and
-what a pass frees stays there for the next. A user's own value of either wins. What is freed stays
-with the process: its resident size stays at the peak it reaches every step (on SmolLM2's update,
-5.6 GB against 5.3 with glibc's defaults for large buffers), and memory freed inside the heap is
-reused, not returned. Only glibc reads these keys; elsewhere they do nothing.
+(`trainer/api/__init__.py`) set, before torch loads, MALLOC_MMAP_MAX_ = 0 and a trim threshold
+no heap reaches (`TRIM_THRESHOLD`), for the processes it starts (glibc reads them when a process
+starts) and through `mallopt` for itself (where -1 turns trimming off): every buffer comes from the
+heap, and what a pass frees stays there for the next. A user's own value of either wins. What is
+freed stays with the process: its resident size stays at the peak it reaches every step (on
+SmolLM2's update, 5.6 GB against 5.3 with glibc's defaults for large buffers), and memory freed
+inside the heap is reused, not returned. Only glibc reads these keys; elsewhere they do nothing.
 
 Huge pages for torch's buffers (`THP_MEM_ALLOC_ENABLE=1`) are left off. They were set here too
 until 2026-11-27, but with the heap reused the faults they save happen once, and each costs more
@@ -29,9 +29,15 @@ import ctypes
 import os
 import platform
 
-TRIM_THRESHOLD = 1 << 30
+# A step frees more than 1 GiB at once where its passes are large: SmolLM2's update of 1,500 tokens
+# gave back its heap's top every few steps under the 1 GiB threshold of 2026-11-27, each time
+# faulting 1.2 GB in again (about 300,000 pages, 1.2-2.2 s in the kernel) with its resident size no
+# higher; with trimming off, a step faults pages in only where it reaches a new peak
+# (docs/benchmarks.md, "Host memory").
+TRIM_THRESHOLD = 1 << 62
 HOST_MEMORY_KEYS = {"MALLOC_MMAP_MAX_": 0, "MALLOC_TRIM_THRESHOLD_": TRIM_THRESHOLD}
-_MALLOPT = {"MALLOC_MMAP_MAX_": -4, "MALLOC_TRIM_THRESHOLD_": -1}  # the keys' mallopt parameters (malloc.h)
+# The keys' `mallopt` parameters (malloc.h) and values: an int each; -1 turns trimming off.
+_MALLOPT = {"MALLOC_MMAP_MAX_": (-4, 0), "MALLOC_TRIM_THRESHOLD_": (-1, -1)}
 
 
 def keep_host_memory(environ: dict | None = None) -> None:
@@ -42,6 +48,6 @@ def keep_host_memory(environ: dict | None = None) -> None:
     env.update({key: str(value) for key, value in ours.items()})
     if environ is None and platform.libc_ver()[0] == "glibc":
         libc = ctypes.CDLL(None)
-        for key, value in ours.items():
+        for key in ours:
             if key in _MALLOPT:
-                libc.mallopt(_MALLOPT[key], value)
+                libc.mallopt(*_MALLOPT[key])

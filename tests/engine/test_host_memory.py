@@ -52,3 +52,44 @@ def test_a_second_pass_reuses_the_memory_the_first_freed():
     # 90,114); with: they stay in the heap (18,432 measured).
     assert faults["plain"] > 45_000, faults
     assert faults["hflow"] < faults["plain"] / 2, faults
+
+
+# 160 buffers of 8 MiB from glibc's malloc, each written, then all freed: a large pass's 1.25 GiB
+# (SmolLM2's update frees more than 1 GiB at once), which comes back to the heap's top. The page
+# faults of a second round: none where the heap kept it, every page (327,680) where it was trimmed.
+TRIMMED = """
+import ctypes, resource, sys
+if sys.argv[1] == "hflow":
+    import hflow.cli
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+def one_round():
+    buffers = [libc.malloc(8 << 20) for _ in range(160)]
+    for b in buffers:
+        ctypes.memset(b, 1, 8 << 20)
+    for b in buffers:
+        libc.free(b)
+one_round()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+one_round()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings")
+def test_a_pass_that_frees_more_than_a_gibibyte_keeps_it_in_the_heap():
+    base = {k: v for k, v in os.environ.items() if k not in HOST_MEMORY_KEYS}
+    started: dict[str, str] = {}
+    keep_host_memory(started)  # what a process the command starts is given
+    runs = {"the 1 GiB threshold of 2026-11-27": ("plain", {"MALLOC_MMAP_MAX_": "0",
+                                                             "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}),
+            "the command itself": ("hflow", {}), "a process it starts": ("plain", started)}
+    faults = {}
+    for name, (mode, keys) in runs.items():
+        done = subprocess.run([sys.executable, "-c", TRIMMED, mode], capture_output=True, text=True,
+                              env={**base, **keys}, timeout=300)
+        assert done.returncode == 0, done.stderr
+        faults[name] = int(done.stdout.strip().splitlines()[-1])
+    assert faults["the 1 GiB threshold of 2026-11-27"] > 300_000, faults  # measured 327,682
+    assert faults["the command itself"] < 20_000, faults
+    assert faults["a process it starts"] < 20_000, faults

@@ -12,6 +12,7 @@ import pytest
 
 import hflow
 from hflow.engine.cpu_threads import SHRINKING_TEAM_SPIN
+from hflow.engine.host_memory import TRIM_THRESHOLD
 from hflow.errors import UserError
 from hflow.trainer.api.sources import _Weighted, dataset_file, reward_spec
 
@@ -177,4 +178,4 @@ def test_a_run_from_python_gets_the_commands_process_settings_before_torch_loads
         assert done.returncode == 0, done.stderr[-2000:]
         seen = json.loads(done.stdout.strip().splitlines()[-1])
         assert seen == {"GOMP_SPINCOUNT": SHRINKING_TEAM_SPIN, "MALLOC_MMAP_MAX_": "0",
-                        "MALLOC_TRIM_THRESHOLD_": str(1 << 30), "THP_MEM_ALLOC_ENABLE": expected_thp}
+                        "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD), "THP_MEM_ALLOC_ENABLE": expected_thp}
