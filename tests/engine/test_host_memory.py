@@ -21,7 +21,8 @@ def test_the_settings_go_to_the_processes_it_starts_unless_the_user_chose_them()
 
 # Twice 20 buffers of 8 MiB and 4 of 48 MiB (above glibc's largest mmap threshold, as the LM
 # head's logits are), each written, then all freed (as a pass's activations are): the page faults
-# of the second round, which finds its memory already faulted in only if the first round's was kept.
+# of the second round (`second_round_faults`), which finds its memory already faulted in only if
+# the first round's was kept.
 FAULTS = """
 import resource, sys
 if sys.argv[1] == "hflow":
@@ -32,22 +33,27 @@ def one_round():
     buffers = [torch.empty(2 << 20).fill_(1.0) for _ in range(20)]
     buffers += [torch.empty(12 << 20).fill_(1.0) for _ in range(4)]
     del buffers
-one_round()
+"""
+
+
+def second_round_faults(script: str, mode: str, env: dict) -> int:
+    """The page faults of the second of two runs of `script`'s `one_round()`, in a fresh process
+    ("hflow": the command's module imported first)."""
+    counted = script + """one_round()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 one_round()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
+    done = subprocess.run([sys.executable, "-c", counted, mode], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings")
 def test_a_second_pass_reuses_the_memory_the_first_freed():
     # Huge pages off in both, whatever this process was given: fewer faults from them would hide the reuse.
     env = {**{k: v for k, v in os.environ.items() if k not in HOST_MEMORY_KEYS}, "THP_MEM_ALLOC_ENABLE": "0"}
-    faults = {}
-    for mode in ("plain", "hflow"):
-        done = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, env=env)
-        assert done.returncode == 0, done.stderr
-        faults[mode] = int(done.stdout.strip().splitlines()[-1])
+    faults = {mode: second_round_faults(FAULTS, mode, env) for mode in ("plain", "hflow")}
     # Without: the freed 352 MiB go back to the system and all 90,112 pages fault in again (measured
     # 90,114); with: they stay in the heap (18,432 measured).
     assert faults["plain"] > 45_000, faults
@@ -69,10 +75,6 @@ def one_round():
         ctypes.memset(b, 1, 8 << 20)
     for b in buffers:
         libc.free(b)
-one_round()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-one_round()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
@@ -84,12 +86,7 @@ def test_a_pass_that_frees_more_than_a_gibibyte_keeps_it_in_the_heap():
     runs = {"the 1 GiB threshold of 2026-11-27": ("plain", {"MALLOC_MMAP_MAX_": "0",
                                                              "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}),
             "the command itself": ("hflow", {}), "a process it starts": ("plain", started)}
-    faults = {}
-    for name, (mode, keys) in runs.items():
-        done = subprocess.run([sys.executable, "-c", TRIMMED, mode], capture_output=True, text=True,
-                              env={**base, **keys}, timeout=300)
-        assert done.returncode == 0, done.stderr
-        faults[name] = int(done.stdout.strip().splitlines()[-1])
-    assert faults["the 1 GiB threshold of 2026-11-27"] > 300_000, faults  # measured 327,682
+    faults = {name: second_round_faults(TRIMMED, mode, {**base, **keys}) for name, (mode, keys) in runs.items()}
+    assert faults["the 1 GiB threshold of 2026-11-27"] > 300_000, faults  # measured 327,649
     assert faults["the command itself"] < 20_000, faults
     assert faults["a process it starts"] < 20_000, faults
