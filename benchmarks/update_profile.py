@@ -80,21 +80,22 @@ def main() -> None:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     try:
         actor = groups["actor"]
-        # A generation's own prompts are the steps after these.
-        batches = _batches(actor, data, args.timed + 2, scored=args.phase == "update")
-        _call(actor, args.phase, batches[0], data, len(batches) + 1)
+        # A generation's own prompts are the steps after these; with --fresh each timed update's batch
+        # is generated just before it, so only the warm-up's and the profiled call's are made here.
+        count, fresh = args.timed + 2, args.fresh and args.phase == "update"
+        batches = _batches(actor, data, 2 if fresh else count, scored=args.phase == "update")
+        _call(actor, args.phase, batches[0], data, count + 1)
         timed = []
-        for i, batch in enumerate(batches[1:-1]):
-            if args.fresh and args.phase == "update":
-                batch = _batches(actor, data, 1, scored=True, first=len(batches) + 1 + i)[0]
+        for i in range(args.timed):
+            batch = _batches(actor, data, 1, scored=True, first=count + 1 + i)[0] if fresh else batches[1 + i]
             before = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            _call(actor, args.phase, batch, data, len(batches) + 2 + i)
+            _call(actor, args.phase, batch, data, count + 2 + i)
             after = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             timed.append((after[1] - before[1], after[0].ru_stime - before[0].ru_stime,
                           after[0].ru_minflt - before[0].ru_minflt))
         with profile(activities=activities, record_shapes=bool(args.shapes)) as prof:
             start = time.perf_counter()
-            _call(actor, args.phase, batches[-1], data, 2 * len(batches))
+            _call(actor, args.phase, batches[-1], data, 2 * count)
             wall = time.perf_counter() - start
     finally:
         groups.shutdown()
