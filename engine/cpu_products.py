@@ -11,19 +11,23 @@ Both compute in float32 (no reduced-precision arithmetic): they differ only in s
 about 1e-6 of the result.
 
 So every `nn.Linear` of a model hflow loads becomes a `RoutedLinear` (`route_linears`): on a CPU
-in float32 its forward and backward products run through `product` when oneDNN is the faster here,
-and through `F.linear` otherwise (a GPU, bfloat16, ZeRO-3's partitioned weights, whose gathering
-DeepSpeed ties to `F.linear`). The lean decoding step calls `product` itself, on reordered weights,
+in float32 each of its forward and backward products runs through `product` where oneDNN is the
+faster for its kind here, and through torch's own (`F.linear`, `mm`) otherwise, and everywhere
+off that path (a GPU, bfloat16, ZeRO-3's partitioned weights, whose gathering DeepSpeed ties to
+`F.linear`). The lean decoding step calls `product` itself, on reordered weights,
 wherever oneDNN runs (`decodes_packed`: its thin products run faster through oneDNN even where the
 passes' wide ones do not).
 
-Which is faster is measured on a product of a typical shape, both ways, on one thread
-(`faster_by`); oneDNN is taken only when clearly faster (`MARGIN`). The first run on a machine
-measures, and its answer is kept in the user's cache for every later run there (`machine_choice`):
-where the two are close, a measurement taken while another process was busy could go either way,
-and two runs of one recipe and seed on one machine would then not give the same bits. Every process
-of a run, a resume included, keeps the run's choice (`settle`). `HFLOW_CPU_PRODUCTS=onednn|blas`
-decides the passes' route instead (`auto`, the default, takes the machine's).
+Which is faster is measured for each of a layer's three products (`KINDS`: the forward, the input
+gradient and the weight gradient, at the shapes of an update's micro-batch, both ways, on one
+thread: `faster_by`), and each takes oneDNN only where it is faster by more than the noise
+(`MARGIN`): a route is a library per kind. The first run on a machine measures, and its answer is
+kept in the user's cache for every later run there (`machine_choice`): where the two are close, a
+measurement taken while another process was busy could go either way, and two runs of one recipe
+and seed on one machine would then not give the same bits. Every process of a run, a resume
+included, keeps the run's route (`settle`). `HFLOW_CPU_PRODUCTS=onednn|blas`, or three of those
+words for the three kinds (`onednn,onednn,blas`), decides the passes' route instead (`auto`, the
+default, takes the machine's).
 
 oneDNN keeps every primitive it builds, one per product shape, in two caches (its own and ideep's,
 torch's wrapper around it) of 1,024 entries each. A run's products change shape at every step
@@ -57,16 +61,28 @@ from hflow.errors import UserError
 log = logging.getLogger(__name__)
 
 ENV = "HFLOW_CPU_PRODUCTS"
-CHOICES = ("auto", "onednn", "blas")
-# oneDNN is chosen when its product takes at most this share of the BLAS's time: measured 0.45 on
-# the development machine; a CPU where the two are close keeps the BLAS (and the same choice in
-# every process of a run, measured apart).
-MARGIN = 0.8
-# The two are timed on one thread: which kernel is faster is the code's, not the team's, and a
-# team of threads on a machine where another process holds a core waits for it at every product,
-# each way by chance. On the development machine (2 cores), one spinning process beside it, the
-# ratio timed on 2 threads ranged 0.18-2.07 across processes (the BLAS chosen in some), on one
-# thread 0.25-0.48; idle 0.46-0.48 and 0.45-0.46 (`benchmarks/product_choice.py`, 2026-11-27).
+LIBRARIES = ("onednn", "blas")
+KINDS = ("forward", "input_grad", "weight_grad")  # y = x W^T, dx = dy W, dW = dy^T x
+# A kind takes oneDNN where its products take at most this share of the BLAS's time; within the
+# margin either costs about as much, and the BLAS (torch's own) is kept. Which is faster differs by
+# kind: on the 2-core AVX-512 EPYC of 2026-12-04, at an update's shapes (`PROBE_SHAPE`), oneDNN over
+# the BLAS measured 0.86-0.93 for the forward, 0.83-0.92 for the input gradient and 0.97-1.04 for the
+# weight gradient, on one thread and on two alike (`benchmarks/product_choice.py`). The measurement
+# before (one 256 x 1,024 x 1,024 forward, oneDNN taken at 0.8) kept the BLAS for all three there
+# (0.84-0.91), where the 27.5M model's update took 4.22 s against 3.88 with oneDNN, oneDNN, BLAS
+# and its scoring pass 1.53 against 1.27 (`benchmarks/product_routes.py`).
+MARGIN = 0.95
+# The shape the kinds are timed at: an update micro-batch's rows through SmolLM2's MLP, both ways
+# round ((rows, 576) x (576, 1,536) and (rows, 1,536) x (1,536, 576)).
+PROBE_ROWS, PROBE_SHAPE = 1024, (576, 1536)
+# Each kind is timed on one thread, its two ways alternating over this many rounds, the best of
+# each kept: which kernel is faster is the code's, not the team's, and a team of threads on a
+# machine where another process holds a core waits for it at every product, each way by chance.
+# With one spinning process beside it, on 2 threads the forward's ratio ranged 0.76-1.07 across
+# measurements and the weight gradient's 0.91-1.16 (each chosen both ways), on one thread 0.86-0.92
+# and 0.97-0.99, as on an idle machine (2026-12-04; with one 256 x 1,024 x 1,024 product,
+# 2026-11-27: 0.18-2.07 on 2 threads, 0.25-0.48 on one).
+PROBE_ROUNDS = 7
 # Entries in each of oneDNN's primitive caches: a training pass builds about 15 shapes of product, a
 # decoding step 6. 128 held the 27.5M model's run at 4,016 MiB, 32 at 3,247, 8 at 3,264, with the
 # same step times (8 steps, 2026-11-27).
@@ -85,7 +101,7 @@ bound_primitive_caches()
 
 
 class ProductChoiceError(UserError):
-    """HFLOW_CPU_PRODUCTS names no choice."""
+    """HFLOW_CPU_PRODUCTS names no route."""
 
 
 def onednn_available() -> bool:
@@ -106,31 +122,52 @@ def packed(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
 
 
+def parse_route(text: str) -> tuple[str, ...] | None:
+    """A route as written (`HFLOW_CPU_PRODUCTS`, a run's record, the machine's): one library for
+    all three kinds, or three comma-separated, in the order of `KINDS`; None where it is none."""
+    words = tuple(w.strip() for w in text.strip().lower().split(","))
+    if len(words) == 1:
+        words *= len(KINDS)
+    return words if len(words) == len(KINDS) and all(w in LIBRARIES for w in words) else None
+
+
+def route_text(route: tuple[str, ...]) -> str:
+    """A route written as `parse_route` reads it: one word where every kind takes the same library."""
+    return route[0] if len(set(route)) == 1 else ",".join(route)
+
+
 def _asked() -> str:
     """HFLOW_CPU_PRODUCTS as set, lower-cased; "auto" when unset or empty."""
     return os.environ.get(ENV, "auto").strip().lower() or "auto"
 
 
 @functools.cache
-def onednn_chosen() -> bool:
-    """Whether this process runs its CPU float32 products through oneDNN (see the module docstring)."""
-    choice = _asked()
-    if choice not in CHOICES:
-        raise ProductChoiceError(f"environment {ENV}={os.environ[ENV]!r}: accepted values are {', '.join(CHOICES)}")
-    if choice == "blas" or not onednn_available():
-        return False
-    return choice == "onednn" or machine_choice() == "onednn"
+def chosen_route() -> tuple[str, ...]:
+    """The library of each of `KINDS` this process runs its CPU float32 products through (the module
+    docstring)."""
+    asked = _asked()
+    route = None if asked == "auto" else parse_route(asked)
+    if asked != "auto" and route is None:
+        raise ProductChoiceError(f"environment {ENV}={os.environ[ENV]!r}: accepted values are auto, onednn, blas, "
+                                 f"or one of onednn and blas for each of {', '.join(KINDS)} (onednn,onednn,blas)")
+    if not onednn_available():
+        return ("blas",) * len(KINDS)
+    return route or machine_choice()
 
 
-def machine_choice() -> str:
-    """`auto`'s route on this machine, "onednn" or "blas": the one the first run here measured,
-    kept in `$XDG_CACHE_HOME/hflow/products` under the CPU's model and flags and torch's version.
+def through_onednn(kind: str) -> bool:
+    return chosen_route()[KINDS.index(kind)] == "onednn"
+
+
+def machine_choice() -> tuple[str, ...]:
+    """`auto`'s route on this machine: the one the first run here measured, kept in
+    `$XDG_CACHE_HOME/hflow/products` under the CPU's model and flags and torch's version.
     Where none is kept (or the record is damaged), measured now and kept; where two processes
     measure at once, the first to keep its answer wins and both take it. Where the cache cannot be
     used (not the user's own, not writable), measured for this process alone, said once."""
     measured = None
     try:
-        path = user_cache.folder("products") / f"choice-{_machine_key()}.json"
+        path = user_cache.folder("products") / f"route-{_machine_key()}.json"
         kept = _read_choice(path)
         if kept is not None:
             return kept
@@ -142,38 +179,42 @@ def machine_choice() -> str:
 
 
 def _machine_key() -> str:
-    key = "\n".join([user_cache.cpu_identity(), torch.__version__, str(MARGIN)])
+    """The CPU, torch, and how the route is measured and chosen."""
+    key = "\n".join([user_cache.cpu_identity(), torch.__version__, str(MARGIN), str((PROBE_ROWS, PROBE_SHAPE))])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def _measured() -> tuple[str, float]:
-    ratio = faster_by(product, F.linear)
-    return ("onednn" if ratio <= MARGIN else "blas"), ratio
+def _measured() -> tuple[tuple[str, ...], dict[str, float]]:
+    """(route, oneDNN's time over the BLAS's for each kind), timed now."""
+    ratios = {kind: faster_by(kind) for kind in KINDS}
+    return tuple("onednn" if ratios[kind] <= MARGIN else "blas" for kind in KINDS), ratios
 
 
-def _read_choice(path: Path) -> str | None:
+def _read_choice(path: Path) -> tuple[str, ...] | None:
     """The route kept at `path`; None where there is none, or none that reads as one."""
     if not path.exists():
         return None
     user_cache.check_own(path)
     try:
         with path.open() as f:
-            choice = json.loads(f.read(4096)).get("choice")
+            text = json.loads(f.read(4096)).get("route")
+        route = parse_route(text) if isinstance(text, str) else None
     except (ValueError, AttributeError):
-        choice = None
-    if choice not in CHOICES[1:]:
+        route = None
+    if route is None:
         log.info("%s holds no CPU product route: measured again", path)
-        return None
-    return choice
+    return route
 
 
-def _kept_first(path: Path, measured: tuple[str, float]) -> str:
+def _kept_first(path: Path, measured: tuple[tuple[str, ...], dict[str, float]]) -> tuple[str, ...]:
     """Keep `measured` at `path` unless another process kept its own first; the kept route."""
-    choice, ratio = measured
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=".choice-", suffix=".json")
+    route, ratios = measured
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=".route-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump({"choice": choice, "onednn_over_blas": round(ratio, 4), "torch": torch.__version__,
+            json.dump({"route": route_text(route), "kinds": list(KINDS),
+                       "onednn_over_blas": {kind: round(r, 4) for kind, r in ratios.items()},
+                       "torch": torch.__version__,
                        "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
         try:
             os.link(partial, path)  # never over another process's record
@@ -184,11 +225,11 @@ def _kept_first(path: Path, measured: tuple[str, float]) -> str:
             os.replace(partial, path)  # a damaged record: ours instead
     finally:
         Path(partial).unlink(missing_ok=True)
-    return choice
+    return route
 
 
 class Settled:
-    """A run's choice (`settle`); `restore()` gives the process back the environment it had before."""
+    """A run's route (`settle`); `restore()` gives the process back the environment it had before."""
 
     def __init__(self, choice: str, before: str | None):
         self.choice, self.before = choice, before
@@ -198,47 +239,66 @@ class Settled:
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = self.before
-        onednn_chosen.cache_clear()
+        chosen_route.cache_clear()
 
 
 def settle(recorded: str | None = None) -> Settled:
-    """Fix the choice for the rest of a run, in this process and the processes it starts: the user's
-    HFLOW_CPU_PRODUCTS, else `recorded` (the choice the run made when it began, on a resume), else
-    the machine's (`machine_choice`). `.choice` is "onednn" or "blas".
+    """Fix the route for the rest of a run, in this process and the processes it starts: the user's
+    HFLOW_CPU_PRODUCTS, else `recorded` (the route the run took when it began, on a resume), else
+    the machine's (`machine_choice`). `.choice` is the route as `route_text` writes it.
 
-    The choice goes into the environment, which this process's children inherit and Ray's workers
+    The route goes into the environment, which this process's children inherit and Ray's workers
     are given (`groups/ray_backend.py`), so no other process of the run measures again. Two
-    measurements on a loaded machine can disagree, and the two routes sum in different orders (about
-    1e-6 of a result), so a resumed run would not continue to the bit, nor two data-parallel ranks
-    agree. The run gives the environment back when it ends (`Settled.restore`): a later run in the
-    same process, with a record of its own, is not held to this one's."""
+    measurements on a loaded machine can disagree, and the two libraries sum in different orders
+    (about 1e-6 of a result), so a resumed run would not continue to the bit, nor two data-parallel
+    ranks agree. The run gives the environment back when it ends (`Settled.restore`): a later run
+    in the same process, with a record of its own, is not held to this one's."""
     before = os.environ.get(ENV)
-    if _asked() == "auto" and recorded in CHOICES[1:]:
-        os.environ[ENV] = recorded
-        onednn_chosen.cache_clear()
-    choice = "onednn" if onednn_chosen() else "blas"
+    if _asked() == "auto" and isinstance(recorded, str) and parse_route(recorded) is not None:
+        os.environ[ENV] = route_text(parse_route(recorded))
+        chosen_route.cache_clear()
+    choice = route_text(chosen_route())
     os.environ[ENV] = choice
     return Settled(choice, before)
 
 
-def faster_by(candidate, reference, rows: int = 256, size: int = 1024, threads: int = 1) -> float:
-    """candidate's best time over reference's on a (rows, size) x (size, size) float32 product,
-    rounds alternating, on `threads` threads (one for the choice: why, above `MARGIN`)."""
-    x, weight = torch.randn(rows, size), torch.randn(size, size)
-    best = {candidate: float("inf"), reference: float("inf")}
+def probe_ways(kind: str, rows: int = PROBE_ROWS, shape: tuple[int, int] = PROBE_SHAPE) -> list[tuple]:
+    """(oneDNN's way, the BLAS's way) of `kind`'s product, as `_Linear` computes it each way, on
+    random float32 operands: one pair for each direction through an (in, out) = `shape` layer."""
+    pairs = []
+    for inner, outer in (shape, shape[::-1]):
+        x, weight, grad = torch.randn(rows, inner), torch.randn(outer, inner), torch.randn(rows, outer)
+        if kind == "forward":
+            pairs.append((functools.partial(product, x, weight), functools.partial(F.linear, x, weight)))
+        elif kind == "input_grad":
+            pairs.append((functools.partial(product, grad, weight.t()), functools.partial(torch.mm, grad, weight)))
+        else:
+            pairs.append((functools.partial(product, grad.t(), x.t()), functools.partial(torch.mm, grad.t(), x)))
+    return pairs
+
+
+def faster_by(kind: str, rows: int = PROBE_ROWS, shape: tuple[int, int] = PROBE_SHAPE,
+              rounds: int = PROBE_ROUNDS, threads: int = 1) -> float:
+    """oneDNN's time over the BLAS's for `kind`'s products (`probe_ways`) on `threads` threads (one
+    for the route: why, above `PROBE_ROUNDS`): each way's best of `rounds`, the ways alternating,
+    added over the pairs. The caller's thread count comes back afterwards."""
+    ways = probe_ways(kind, rows, shape)
+    best = [[float("inf")] * 2 for _ in ways]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for f in best:
-            f(x, weight)  # first calls: kernels built, memory touched
-        for _ in range(5):
-            for f in best:
-                start = time.perf_counter()
-                f(x, weight)
-                best[f] = min(best[f], time.perf_counter() - start)
+        for pair in ways:
+            for way in pair:
+                way()  # first calls: kernels built, memory touched
+        for i in range(rounds):
+            for pair, times in zip(ways, best):
+                for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+                    start = time.perf_counter()
+                    pair[j]()
+                    times[j] = min(times[j], time.perf_counter() - start)
     finally:
         torch.set_num_threads(before)
-    return best[candidate] / best[reference]
+    return sum(t[0] for t in best) / sum(t[1] for t in best)
 
 
 def _rows_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -247,9 +307,9 @@ def _rows_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def routes(weight: torch.Tensor) -> bool:
-    """Whether a product with this weight runs through oneDNN here."""
+    """Whether any of the products with this weight runs through oneDNN here (`chosen_route`)."""
     return (weight.device.type == "cpu" and weight.dtype == torch.float32 and not hasattr(weight, "ds_id")
-            and onednn_chosen())
+            and "onednn" in chosen_route())
 
 
 def decodes_packed(weight: torch.Tensor) -> bool:
@@ -259,7 +319,7 @@ def decodes_packed(weight: torch.Tensor) -> bool:
     too, but on the plain weights: SmolLM2's MLP product at 32 rows, cache cold, 96 us packed against
     131 as `weight @ x`, 16 rows 68 against 137; docs/benchmarks.md, "bfloat16 on a CPU that has it").
 
-    A decoding step's thin products are not the training passes' wide ones, which `onednn_chosen`
+    A decoding step's thin products are not the training passes' wide ones, which `chosen_route`
     measures: on a 2-core AVX2 EPYC whose BLAS matches oneDNN on those (so the passes keep the
     BLAS), SmolLM2's products of a step (q/k/v and gate/up joined) took 27.7 / 35.2 / 44.1 / 66.6 ms
     packed at 1 / 8 / 16 / 32 rows against 36.2 / 69.7 / 50.0 / 78.1 by the BLAS's faster layout at
@@ -280,7 +340,8 @@ def _onednn_takes_bf16() -> bool:
 
 
 class _Linear(torch.autograd.Function):
-    """F.linear with its three products through oneDNN: y = x W^T + b, dx = dy W, dW = dy^T x."""
+    """F.linear with each of its three products through the library the route gives its kind
+    (`chosen_route`, read once at the forward): y = x W^T + b, dx = dy W, dW = dy^T x."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -288,7 +349,8 @@ class _Linear(torch.autograd.Function):
         # only while a product needs them.
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _rows_product(x, weight, bias)
+        ctx.onednn = dict(zip(KINDS, (library == "onednn" for library in chosen_route())))
+        return _rows_product(x, weight, bias) if ctx.onednn["forward"] else F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -297,22 +359,22 @@ class _Linear(torch.autograd.Function):
         grad = grad.reshape(-1, grad.shape[-1])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = product(grad, weight.t()).view(x.shape)
+            dx = (product(grad, weight.t()) if ctx.onednn["input_grad"] else grad @ weight).view(x.shape)
         if ctx.needs_input_grad[1]:
-            dw = product(grad.t(), rows.t())
+            dw = product(grad.t(), rows.t()) if ctx.onednn["weight_grad"] else grad.t() @ rows
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = grad.sum(0)
         return dx, dw, db
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, its products through oneDNN where `routes` says so."""
+    """F.linear, each of its products through the library the route gives its kind (`chosen_route`)."""
     if not routes(weight) or x.dtype != torch.float32:
         return F.linear(x, weight, bias)
     tracked = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     if torch.is_grad_enabled() and tracked:
         return _Linear.apply(x, weight, bias)
-    return _rows_product(x, weight, bias)
+    return _rows_product(x, weight, bias) if through_onednn("forward") else F.linear(x, weight, bias)
 
 
 class RoutedLinear(nn.Linear):

@@ -96,12 +96,24 @@ def test_products_stay_torch_s_where_onednn_does_not_apply(onednn):
     assert not routes(partitioned)
 
 
-def test_a_bad_choice_is_one_line_naming_the_variable(monkeypatch):
-    choose_cpu_products(monkeypatch, "mkl")
+@pytest.mark.parametrize("value", ["mkl", "onednn,blas", "onednn,blas,mkl", "onednn,,blas"])
+def test_a_bad_choice_is_one_line_naming_the_variable(monkeypatch, value):
+    choose_cpu_products(monkeypatch, value)
     with pytest.raises(ProductChoiceError) as err:
-        cpu_products.onednn_chosen()
+        cpu_products.chosen_route()
     assert isinstance(err.value, UserError)
-    assert str(err.value) == "environment HFLOW_CPU_PRODUCTS='mkl': accepted values are auto, onednn, blas"
+    assert str(err.value) == (f"environment HFLOW_CPU_PRODUCTS={value!r}: accepted values are auto, onednn, blas, "
+                              "or one of onednn and blas for each of forward, input_grad, weight_grad "
+                              "(onednn,onednn,blas)")
+
+
+@pytest.mark.parametrize("text, route", [("onednn", ("onednn",) * 3), (" BLAS ", ("blas",) * 3),
+                                         ("onednn, onednn,blas", ("onednn", "onednn", "blas")),
+                                         ("blas,onednn,blas", ("blas", "onednn", "blas"))])
+def test_a_route_reads_as_one_library_or_one_per_kind_and_writes_back_the_same(text, route):
+    assert cpu_products.parse_route(text) == route
+    assert cpu_products.parse_route(cpu_products.route_text(route)) == route
+    assert cpu_products.route_text(("onednn",) * 3) == "onednn"
 
 
 def test_blas_is_kept_when_asked(monkeypatch):
@@ -214,7 +226,7 @@ def test_a_run_keeps_the_choice_it_began_with(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     choose_cpu_products(monkeypatch, "auto")
     monkeypatch.delenv(cpu_products.ENV)
-    calls = _measured_as(monkeypatch, 0.3)  # oneDNN clearly faster here, now
+    calls = _measured_as(monkeypatch, 0.3)  # oneDNN clearly faster here, now, for every kind
     settled = cpu_products.settle("blas")
     assert settled.choice == "blas" and not routes(torch.randn(4, 4))
     assert calls == [] and os.environ[cpu_products.ENV] == "blas"
@@ -225,7 +237,7 @@ def test_a_run_keeps_the_choice_it_began_with(monkeypatch, tmp_path):
         assert settled.choice == "onednn" and os.environ[cpu_products.ENV] == "onednn"
         assert cpu_products.settle("blas").choice == "onednn"  # inside the run, its choice holds
         settled.restore()
-    assert len(calls) == 1  # by the first run on this machine; none inside a run
+    assert len(calls) == len(cpu_products.KINDS)  # each kind, by the first run on this machine; none inside a run
 
 
 def test_the_user_s_choice_beats_the_recorded_one(monkeypatch):
@@ -237,30 +249,57 @@ def test_the_user_s_choice_beats_the_recorded_one(monkeypatch):
     assert os.environ[cpu_products.ENV] == "blas"
 
 
-def test_the_choice_is_timed_on_one_thread_and_the_caller_s_threads_come_back():
-    """The two ways are timed on one thread (a team of threads on a machine where another process
-    holds a core times each way by chance), every call of both; the caller's thread count is back
-    afterwards, also when a way fails."""
-    seen = {"candidate": [], "reference": []}
-
-    def timed(name):
-        def way(x, weight):
-            seen[name].append(torch.get_num_threads())
-            return x @ weight
-        return way
-
+@needs_onednn
+@pytest.mark.parametrize("kind", cpu_products.KINDS)
+def test_the_probe_times_the_same_product_both_ways_on_one_thread(monkeypatch, kind):
+    """Each kind's two ways (`probe_ways`) compute the same product as `_Linear` computes it, each
+    direction through the layer; oneDNN's way is timed on one thread, every call; the caller's
+    thread count is back afterwards, also when a way fails."""
+    for dnn, blas in cpu_products.probe_ways(kind, rows=24, shape=(16, 40)):
+        got, want = dnn(), blas()
+        assert got.shape == want.shape and _relative(got, want.double()) < 1e-5
+    threads = []
+    product = cpu_products.product
+    monkeypatch.setattr(cpu_products, "product", lambda *a: threads.append(torch.get_num_threads()) or product(*a))
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert cpu_products.faster_by(timed("candidate"), timed("reference"), rows=4, size=8) > 0
-        assert seen == {"candidate": [1] * 6, "reference": [1] * 6}  # a first call, then 5 rounds
+        assert cpu_products.faster_by(kind, rows=24, shape=(16, 40), rounds=3) > 0
+        assert threads == [1] * 2 * 4  # two directions: a first call, then 3 rounds
         assert torch.get_num_threads() == 2
 
-        def broken(x, weight):
+        def broken(*args):
             raise RuntimeError("no kernel")
 
+        monkeypatch.setattr(cpu_products, "product", broken)
         with pytest.raises(RuntimeError, match="no kernel"):
-            cpu_products.faster_by(broken, timed("reference"), rows=4, size=8)
+            cpu_products.faster_by(kind, rows=24, shape=(16, 40))
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@needs_onednn
+@pytest.mark.parametrize("route", ["onednn,onednn,blas", "blas,onednn,blas", "blas,blas,onednn", "onednn,blas,onednn"])
+def test_each_product_of_a_layer_goes_through_the_library_its_kind_is_routed_to(monkeypatch, route):
+    """A layer's forward, input gradient and weight gradient: through oneDNN exactly where the route
+    says so (the BLAS elsewhere), with the same values and gradients as F.linear's in float64."""
+    choose_cpu_products(monkeypatch, route)
+    shapes = []
+    product = cpu_products.product
+    monkeypatch.setattr(cpu_products, "product", lambda a, b, *r: shapes.append((tuple(a.shape), tuple(b.shape)))
+                        or product(a, b, *r))
+    torch.manual_seed(5)
+    x64 = torch.randn(6, 12, dtype=torch.float64, requires_grad=True)
+    w64 = (torch.randn(10, 12, dtype=torch.float64) * 0.1).requires_grad_()
+    grad = torch.randn(6, 10, dtype=torch.float64)
+    ref = torch.nn.functional.linear(x64, w64)
+    ref.backward(grad)
+    x, w = (t.detach().float().requires_grad_() for t in (x64, w64))
+    out = linear(x, w)
+    out.backward(grad.float())
+    assert _relative(out, ref) < 1e-5
+    assert _relative(x.grad, x64.grad) < 1e-5 and _relative(w.grad, w64.grad) < 1e-5
+    kinds = {((6, 12), (10, 12)): "forward", ((6, 10), (12, 10)): "input_grad", ((10, 6), (12, 6)): "weight_grad"}
+    assert [kinds[s] for s in shapes] == [k for k, library in zip(cpu_products.KINDS, route.split(","))
+                                          if library == "onednn"]

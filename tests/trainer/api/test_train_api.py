@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import hflow
+from hflow.engine.cpu_products import parse_route
 from hflow.engine.cpu_threads import SHRINKING_TEAM_SPIN
 from hflow.engine.host_memory import TRIM_THRESHOLD
 from hflow.errors import UserError
@@ -33,7 +34,7 @@ def test_train_from_python_learns_and_evaluates(tmp_path, tiny_model):
                                  "trainer.save_every": 0})
     assert isinstance(run, hflow.Run) and run.status == "finished" and run.error is None
     # The run's choice of CPU product kernels is the run's: the caller's environment is given back.
-    assert json.loads((run.path / "plan.json").read_text())["cpu_products"] in ("onednn", "blas")
+    assert parse_route(json.loads((run.path / "plan.json").read_text())["cpu_products"]) is not None
     assert os.environ.get("HFLOW_CPU_PRODUCTS") == environment.get("HFLOW_CPU_PRODUCTS")
     steps = run.metrics
     assert [e["step"] for e in steps] == list(range(1, 31))
