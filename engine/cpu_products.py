@@ -69,8 +69,8 @@ KINDS = ("forward", "input_grad", "weight_grad")  # y = x W^T, dx = dy W, dW = d
 # the BLAS measured 0.86-0.93 for the forward, 0.83-0.92 for the input gradient and 0.97-1.04 for the
 # weight gradient, on one thread and on two alike (`benchmarks/product_choice.py`). The measurement
 # before (one 256 x 1,024 x 1,024 forward, oneDNN taken at 0.8) kept the BLAS for all three there
-# (0.84-0.91), where the 27.5M model's update took 4.22 s against 3.88 with oneDNN, oneDNN, BLAS
-# and its scoring pass 1.53 against 1.27 (`benchmarks/product_routes.py`).
+# (0.84-0.91), where the 27.5M model's update took 4.34 s against 3.91 with oneDNN, oneDNN, BLAS
+# and its scoring pass 1.38 against 1.31 (`benchmarks/product_routes.py`, docs/benchmarks.md).
 MARGIN = 0.95
 # The shape the kinds are timed at: an update micro-batch's rows through SmolLM2's MLP, both ways
 # round ((rows, 576) x (576, 1,536) and (rows, 1,536) x (1,536, 576)).
