@@ -24,7 +24,8 @@ repeats, threads = int(sys.argv[1]), int(sys.argv[2])
 if threads:
     torch.set_num_threads(threads)
 print(json.dumps({"threads": torch.get_num_threads(),
-                  "ratios": {kind: [faster_by(kind) for _ in range(repeats)] for kind in KINDS}}))
+                  "ratios": {kind: [faster_by(kind, threads=torch.get_num_threads()) for _ in range(repeats)]
+                             for kind in KINDS}}))
 """
 SPIN = "while True: pass"
 

@@ -66,7 +66,7 @@ KINDS = ("forward", "input_grad", "weight_grad")  # y = x W^T, dx = dy W, dW = d
 # A kind takes oneDNN where its products take at most this share of the BLAS's time; within the
 # margin either costs about as much, and the BLAS (torch's own) is kept. Which is faster differs by
 # kind: on the 2-core AVX-512 EPYC of 2026-12-04, at an update's shapes (`PROBE_SHAPE`), oneDNN over
-# the BLAS measured 0.86-0.93 for the forward, 0.83-0.92 for the input gradient and 0.97-1.04 for the
+# the BLAS measured 0.86-0.93 for the forward, 0.84-0.92 for the input gradient and 0.96-1.01 for the
 # weight gradient, on one thread and on two alike (`benchmarks/product_choice.py`). The measurement
 # before (one 256 x 1,024 x 1,024 forward, oneDNN taken at 0.8) kept the BLAS for all three there
 # (0.84-0.91), where the 27.5M model's update took 4.34 s against 3.91 with oneDNN, oneDNN, BLAS
@@ -78,10 +78,10 @@ PROBE_ROWS, PROBE_SHAPE = 1024, (576, 1536)
 # Each kind is timed on one thread, its two ways alternating over this many rounds, the best of
 # each kept: which kernel is faster is the code's, not the team's, and a team of threads on a
 # machine where another process holds a core waits for it at every product, each way by chance.
-# With one spinning process beside it, on 2 threads the forward's ratio ranged 0.76-1.07 across
-# measurements and the weight gradient's 0.91-1.16 (each chosen both ways), on one thread 0.86-0.92
-# and 0.97-0.99, as on an idle machine (2026-12-04; with one 256 x 1,024 x 1,024 product,
-# 2026-11-27: 0.18-2.07 on 2 threads, 0.25-0.48 on one).
+# With one spinning process beside it, on 2 threads the three ratios ranged 0.88-1.06, 0.78-1.08
+# and 0.83-1.05 across measurements (each kind chosen both ways), on one thread 0.87-0.93,
+# 0.86-0.92 and 0.96-0.97, as on an idle machine (2026-12-04; with one 256 x 1,024 x 1,024
+# product, 2026-11-27: 0.18-2.07 on 2 threads, 0.25-0.48 on one).
 PROBE_ROUNDS = 7
 # Entries in each of oneDNN's primitive caches: a training pass builds about 15 shapes of product, a
 # decoding step 6. 128 held the 27.5M model's run at 4,016 MiB, 32 at 3,247, 8 at 3,264, with the
@@ -254,26 +254,40 @@ def settle(recorded: str | None = None) -> Settled:
     ranks agree. The run gives the environment back when it ends (`Settled.restore`): a later run
     in the same process, with a record of its own, is not held to this one's."""
     before = os.environ.get(ENV)
-    if _asked() == "auto" and isinstance(recorded, str) and parse_route(recorded) is not None:
-        os.environ[ENV] = route_text(parse_route(recorded))
+    kept = parse_route(recorded) if isinstance(recorded, str) else None
+    if _asked() == "auto" and kept is not None:
+        os.environ[ENV] = route_text(kept)
         chosen_route.cache_clear()
     choice = route_text(chosen_route())
     os.environ[ENV] = choice
     return Settled(choice, before)
 
 
+def forward_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, onednn: bool) -> torch.Tensor:
+    """y = x W^T (+ b) for x of any leading shape (..., in): by oneDNN or by F.linear."""
+    return _rows_product(x, weight, bias) if onednn else F.linear(x, weight, bias)
+
+
+def input_grad_product(grad: torch.Tensor, weight: torch.Tensor, onednn: bool) -> torch.Tensor:
+    """dx = dy W for rows dy (rows, out): by oneDNN or by the BLAS."""
+    return product(grad, weight.t()) if onednn else grad @ weight
+
+
+def weight_grad_product(grad: torch.Tensor, rows: torch.Tensor, onednn: bool) -> torch.Tensor:
+    """dW = dy^T x for rows dy (rows, out) and x (rows, in): by oneDNN or by the BLAS."""
+    return product(grad.t(), rows.t()) if onednn else grad.t() @ rows
+
+
 def probe_ways(kind: str, rows: int = PROBE_ROWS, shape: tuple[int, int] = PROBE_SHAPE) -> list[tuple]:
-    """(oneDNN's way, the BLAS's way) of `kind`'s product, as `_Linear` computes it each way, on
-    random float32 operands: one pair for each direction through an (in, out) = `shape` layer."""
+    """(oneDNN's way, the BLAS's way) of `kind`'s product, the functions `_Linear` runs, on random
+    float32 operands: one pair for each direction through an (in, out) = `shape` layer."""
     pairs = []
     for inner, outer in (shape, shape[::-1]):
         x, weight, grad = torch.randn(rows, inner), torch.randn(outer, inner), torch.randn(rows, outer)
-        if kind == "forward":
-            pairs.append((functools.partial(product, x, weight), functools.partial(F.linear, x, weight)))
-        elif kind == "input_grad":
-            pairs.append((functools.partial(product, grad, weight.t()), functools.partial(torch.mm, grad, weight)))
-        else:
-            pairs.append((functools.partial(product, grad.t(), x.t()), functools.partial(torch.mm, grad.t(), x)))
+        run = {"forward": functools.partial(forward_product, x, weight, None),
+               "input_grad": functools.partial(input_grad_product, grad, weight),
+               "weight_grad": functools.partial(weight_grad_product, grad, x)}[kind]
+        pairs.append((functools.partial(run, onednn=True), functools.partial(run, onednn=False)))
     return pairs
 
 
@@ -349,8 +363,8 @@ class _Linear(torch.autograd.Function):
         # only while a product needs them.
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        ctx.onednn = dict(zip(KINDS, (library == "onednn" for library in chosen_route())))
-        return _rows_product(x, weight, bias) if ctx.onednn["forward"] else F.linear(x, weight, bias)
+        ctx.onednn = [library == "onednn" for library in chosen_route()]  # in the order of KINDS
+        return forward_product(x, weight, bias, ctx.onednn[0])
 
     @staticmethod
     def backward(ctx, grad):
@@ -359,9 +373,9 @@ class _Linear(torch.autograd.Function):
         grad = grad.reshape(-1, grad.shape[-1])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = (product(grad, weight.t()) if ctx.onednn["input_grad"] else grad @ weight).view(x.shape)
+            dx = input_grad_product(grad, weight, ctx.onednn[1]).view(x.shape)
         if ctx.needs_input_grad[1]:
-            dw = product(grad.t(), rows.t()) if ctx.onednn["weight_grad"] else grad.t() @ rows
+            dw = weight_grad_product(grad, rows, ctx.onednn[2])
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = grad.sum(0)
         return dx, dw, db
@@ -374,7 +388,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     tracked = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     if torch.is_grad_enabled() and tracked:
         return _Linear.apply(x, weight, bias)
-    return _rows_product(x, weight, bias) if through_onednn("forward") else F.linear(x, weight, bias)
+    return forward_product(x, weight, bias, through_onednn("forward"))
 
 
 class RoutedLinear(nn.Linear):
