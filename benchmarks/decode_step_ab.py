@@ -81,13 +81,13 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM
 
-    from hflow.engine import cpu_products
+    from hflow.engine import product_route
     from hflow.engine.padding import positions
 
     device = torch.device(a.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=getattr(torch, a.dtype)).to(device).eval()
-    cpu_products.route_linears(model)
+    product_route.route_linears(model)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (a.rows // a.repeat, a.prompt), generator=g).to(device)

@@ -1,5 +1,5 @@
 """A recipe's actor update and scoring pass through each CPU product route, side by side in one
-process (`engine/cpu_products.py`: a library for each of the forward, the input gradient and the
+process (`engine/product_route.py`: a library for each of the forward, the input gradient and the
 weight gradient; `HFLOW_CPU_PRODUCTS`).
 
     python benchmarks/product_routes.py grpo/quickstart --set model.path=... --routes onednn,mixed,blas
@@ -19,7 +19,7 @@ import os
 import statistics
 import time
 
-from hflow.engine import cpu_products
+from hflow.engine import product_route
 from hflow.trainer.config.load import load_recipe
 from hflow.trainer.work.bench import _actor
 
@@ -29,8 +29,8 @@ NAMED = {"mixed": "onednn,onednn,blas"}
 
 
 def use(route: str) -> None:
-    os.environ[cpu_products.ENV] = route
-    cpu_products.chosen_route.cache_clear()
+    os.environ[product_route.ENV] = route
+    product_route.chosen_route.cache_clear()
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     routes = {name: NAMED.get(name, name.replace(":", ",")) for name in args.routes.split(",")}
     for name, route in routes.items():
-        if cpu_products.parse_route(route) is None:
+        if product_route.parse_route(route) is None:
             parser.error(f"--routes: {name!r} is no route (onednn, blas, mixed, or three joined by ':')")
     recipe, _ = load_recipe(args.recipe, ["trainer.eval_every=0", *args.set])
     groups, data = _actor(recipe)

@@ -1,6 +1,6 @@
 """What hflow keeps for this user on this machine between runs: `$XDG_CACHE_HOME/hflow/<name>`
 (`~/.cache/hflow/<name>`): the compiled CPU kernels (`kernels/build.py`) and the CPU product
-route measured here (`cpu_products.py`).
+route measured here (`product_route.py`).
 
 A file there steers what a process runs (a kernel is code it loads; the route, which library
 multiplies), so the folders, and every file read from them, must be the user's own and writable by

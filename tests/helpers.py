@@ -192,10 +192,10 @@ def expired_waits(monkeypatch) -> list:
 
 def choose_cpu_products(monkeypatch, choice: str) -> None:
     """This test's CPU products through `choice` (HFLOW_CPU_PRODUCTS), decided afresh: a new cache
-    of `cpu_products.chosen_route` for the test, the process's own back after it."""
+    of `product_route.chosen_route` for the test, the process's own back after it."""
     import functools
 
-    from hflow.engine import cpu_products
+    from hflow.engine import product_route
 
-    monkeypatch.setenv(cpu_products.ENV, choice)
-    monkeypatch.setattr(cpu_products, "chosen_route", functools.cache(cpu_products.chosen_route.__wrapped__))
+    monkeypatch.setenv(product_route.ENV, choice)
+    monkeypatch.setattr(product_route, "chosen_route", functools.cache(product_route.chosen_route.__wrapped__))

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hflow.engine import cpu_products
+from hflow.engine import product_route
 from hflow.engine.kernels import build as kernels
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol
@@ -272,9 +272,9 @@ class RayCluster:
         ray.get(pg.ready(), timeout=120)
         self.placement_groups.append(pg)
         actor_cls = ray.remote(FusedWorker)
-        # The run's choice of CPU product kernels (`cpu_products.settle`) and whether its compiled
+        # The run's choice of CPU product kernels (`product_route.settle`) and whether its compiled
         # kernels run (`kernels/build.py`), on every node.
-        handles, env = [], {key: os.environ[key] for key in (cpu_products.ENV, kernels.ENV) if key in os.environ}
+        handles, env = [], {key: os.environ[key] for key in (product_route.ENV, kernels.ENV) if key in os.environ}
         for rank in range(pool.world_size):
             strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
             handle = actor_cls.options(scheduling_strategy=strategy, num_cpus=1,

@@ -13,7 +13,7 @@ too; SwiGLU's two inputs, not also the silu's output).
 `fuse_layers(model)` gives each supported module a subclass whose forward takes that path where it
 applies (a float32 CPU tensor, the kernels built here, the parameters whole) and the module's own
 forward elsewhere (a GPU, bfloat16, ZeRO-3's partitioned parameters, `HFLOW_CPU_KERNELS=off`): the
-same parameters, hooks and state dict, as `cpu_products.route_linears` does for the products.
+same parameters, hooks and state dict, as `product_route.route_linears` does for the products.
 """
 
 from __future__ import annotations

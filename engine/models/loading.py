@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hflow.engine.cpu_products import route_linears
+from hflow.engine.product_route import route_linears
 from hflow.engine.models.folder import check_model_source
 from hflow.engine.models.fused_layers import fuse_layers
 from hflow.engine.models.tiny_shapes import TINY_SHAPES
@@ -124,7 +124,7 @@ def _load_tokenizer(path: str, trust_remote_code: bool, _stamp: int | None):
 
 def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = False):
     """A causal LM from a local directory, in `dtype`, in eval-free training mode, its linear layers
-    routed to the faster CPU products (`cpu_products.route_linears`), its norms and MLPs fused where
+    routed to the faster CPU products (`product_route.route_linears`), its norms and MLPs fused where
     they run in float32 on a CPU (`fused_layers.fuse_layers`)."""
     from transformers import AutoModelForCausalLM
 

@@ -1,4 +1,5 @@
-"""CPU products through oneDNN (`engine/cpu_products.py`) against torch's own, in float64."""
+"""CPU products through oneDNN (`engine/cpu_products.py`) against torch's own, in float64, and the route
+that sends each kind of a layer's products one way or the other (`engine/product_route.py`)."""
 
 import os
 import platform
@@ -9,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from hflow.engine import cpu_products
-from hflow.engine.cpu_products import ProductChoiceError, RoutedLinear, linear, route_linears, routes
+from hflow.engine import cpu_products, product_route
+from hflow.engine.product_route import ProductChoiceError, RoutedLinear, linear, route_linears, routes
 from hflow.errors import UserError
 from helpers import choose_cpu_products
 
@@ -100,7 +101,7 @@ def test_products_stay_torch_s_where_onednn_does_not_apply(onednn):
 def test_a_bad_choice_is_one_line_naming_the_variable(monkeypatch, value):
     choose_cpu_products(monkeypatch, value)
     with pytest.raises(ProductChoiceError) as err:
-        cpu_products.chosen_route()
+        product_route.chosen_route()
     assert isinstance(err.value, UserError)
     assert str(err.value) == (f"environment HFLOW_CPU_PRODUCTS={value!r}: accepted values are auto, onednn, blas, "
                               "or one of onednn and blas for each of forward, input_grad, weight_grad "
@@ -111,9 +112,9 @@ def test_a_bad_choice_is_one_line_naming_the_variable(monkeypatch, value):
                                          ("onednn, onednn,blas", ("onednn", "onednn", "blas")),
                                          ("blas,onednn,blas", ("blas", "onednn", "blas"))])
 def test_a_route_reads_as_one_library_or_one_per_kind_and_writes_back_the_same(text, route):
-    assert cpu_products.parse_route(text) == route
-    assert cpu_products.parse_route(cpu_products.route_text(route)) == route
-    assert cpu_products.route_text(("onednn",) * 3) == "onednn"
+    assert product_route.parse_route(text) == route
+    assert product_route.parse_route(product_route.route_text(route)) == route
+    assert product_route.route_text(("onednn",) * 3) == "onednn"
 
 
 def test_blas_is_kept_when_asked(monkeypatch):
@@ -213,7 +214,7 @@ def test_products_of_ever_new_shapes_do_not_grow_the_process_without_bound():
 def _measured_as(monkeypatch, ratio: float) -> list:
     """`faster_by` answering `ratio` (oneDNN's time over the BLAS's), its calls counted."""
     calls = []
-    monkeypatch.setattr(cpu_products, "faster_by", lambda *a: calls.append(1) or ratio)
+    monkeypatch.setattr(product_route, "faster_by", lambda *a: calls.append(1) or ratio)
     return calls
 
 
@@ -225,37 +226,37 @@ def test_a_run_keeps_the_choice_it_began_with(monkeypatch, tmp_path):
     run's end gives the process its environment back."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     choose_cpu_products(monkeypatch, "auto")
-    monkeypatch.delenv(cpu_products.ENV)
+    monkeypatch.delenv(product_route.ENV)
     calls = _measured_as(monkeypatch, 0.3)  # oneDNN clearly faster here, now, for every kind
-    settled = cpu_products.settle("blas")
+    settled = product_route.settle("blas")
     assert settled.choice == "blas" and not routes(torch.randn(4, 4))
-    assert calls == [] and os.environ[cpu_products.ENV] == "blas"
+    assert calls == [] and os.environ[product_route.ENV] == "blas"
     settled.restore()
-    assert cpu_products.ENV not in os.environ and calls == []
+    assert product_route.ENV not in os.environ and calls == []
     for recorded in (None, "mkl"):
-        settled = cpu_products.settle(recorded)
-        assert settled.choice == "onednn" and os.environ[cpu_products.ENV] == "onednn"
-        assert cpu_products.settle("blas").choice == "onednn"  # inside the run, its choice holds
+        settled = product_route.settle(recorded)
+        assert settled.choice == "onednn" and os.environ[product_route.ENV] == "onednn"
+        assert product_route.settle("blas").choice == "onednn"  # inside the run, its choice holds
         settled.restore()
-    assert len(calls) == len(cpu_products.KINDS)  # each kind, by the first run on this machine; none inside a run
+    assert len(calls) == len(product_route.KINDS)  # each kind, by the first run on this machine; none inside a run
 
 
 def test_the_user_s_choice_beats_the_recorded_one(monkeypatch):
     choose_cpu_products(monkeypatch, "blas")
     calls = _measured_as(monkeypatch, 0.3)
-    settled = cpu_products.settle("onednn")
+    settled = product_route.settle("onednn")
     assert settled.choice == "blas" and calls == []
     settled.restore()
-    assert os.environ[cpu_products.ENV] == "blas"
+    assert os.environ[product_route.ENV] == "blas"
 
 
 @needs_onednn
-@pytest.mark.parametrize("kind", cpu_products.KINDS)
+@pytest.mark.parametrize("kind", product_route.KINDS)
 def test_the_probe_times_the_same_product_both_ways_on_one_thread(monkeypatch, kind):
     """Each kind's two ways (`probe_ways`) compute the same product as `_Linear` computes it, each
     direction through the layer; oneDNN's way is timed on one thread, every call; the caller's
     thread count is back afterwards, also when a way fails."""
-    for dnn, blas in cpu_products.probe_ways(kind, rows=24, shape=(16, 40)):
+    for dnn, blas in product_route.probe_ways(kind, rows=24, shape=(16, 40)):
         got, want = dnn(), blas()
         assert got.shape == want.shape and _relative(got, want.double()) < 1e-5
     threads = []
@@ -264,7 +265,7 @@ def test_the_probe_times_the_same_product_both_ways_on_one_thread(monkeypatch, k
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert cpu_products.faster_by(kind, rows=24, shape=(16, 40), rounds=3) > 0
+        assert product_route.faster_by(kind, rows=24, shape=(16, 40), rounds=3) > 0
         assert threads == [1] * 2 * 4  # two directions: a first call, then 3 rounds
         assert torch.get_num_threads() == 2
 
@@ -273,7 +274,7 @@ def test_the_probe_times_the_same_product_both_ways_on_one_thread(monkeypatch, k
 
         monkeypatch.setattr(cpu_products, "product", broken)
         with pytest.raises(RuntimeError, match="no kernel"):
-            cpu_products.faster_by(kind, rows=24, shape=(16, 40))
+            product_route.faster_by(kind, rows=24, shape=(16, 40))
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -301,5 +302,5 @@ def test_each_product_of_a_layer_goes_through_the_library_its_kind_is_routed_to(
     assert _relative(out, ref) < 1e-5
     assert _relative(x.grad, x64.grad) < 1e-5 and _relative(w.grad, w64.grad) < 1e-5
     kinds = {((6, 12), (10, 12)): "forward", ((6, 10), (12, 10)): "input_grad", ((10, 6), (12, 6)): "weight_grad"}
-    assert [kinds[s] for s in shapes] == [k for k, library in zip(cpu_products.KINDS, route.split(","))
+    assert [kinds[s] for s in shapes] == [k for k, library in zip(product_route.KINDS, route.split(","))
                                           if library == "onednn"]

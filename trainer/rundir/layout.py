@@ -8,7 +8,7 @@
       events.jsonl    one JSON object per step (metrics, timings, throughput, memory)
       samples.jsonl   a few sampled generations per step
       plan.json       the placement: pools, the roles on each, their ranks; on a CPU, the product
-                      kernels the run chose when it began, which a resume keeps (`cpu_products.settle`)
+                      kernels the run chose when it began, which a resume keeps (`product_route.settle`)
       train.log       the log
       run.lock        held (flock) by the live `hflow train` writing the run; the kernel drops it
                       when that process ends, even by kill -9. It holds that process's pid and host.
@@ -33,7 +33,7 @@ STATUS = "status.json"
 EVENTS = "events.jsonl"
 SAMPLES = "samples.jsonl"
 PLAN = "plan.json"
-PLAN_PRODUCTS = "cpu_products"  # in plan.json: "onednn" | "blas"
+PLAN_PRODUCTS = "cpu_products"  # in plan.json: the route, as `product_route.route_text` writes it
 LOG = "train.log"
 LOCK = "run.lock"
 CHECKPOINTS = "checkpoints"

@@ -234,7 +234,7 @@ def test_the_watchdog_names_a_stalled_worker_and_its_process_ends(ray_cluster, m
 
 
 def test_every_rank_computes_its_cpu_products_as_the_driver_chose(ray_cluster, monkeypatch):
-    """The run's choice (`cpu_products.settle`, made after this Ray instance started, so not in its
+    """The run's choice (`product_route.settle`, made after this Ray instance started, so not in its
     environment) reaches each rank: no rank measures for itself; so does HFLOW_CPU_KERNELS."""
     from device_workers import DeviceWorker
 
