@@ -146,6 +146,13 @@ class TrainEngine:
             # the one rank and copy them back at each boundary (0.3-0.5 s of a 7 s SmolLM2 update).
             self.engine.enable_backward_allreduce = False
         self.master = MasterState(self.optimizer)
+        if self.engine.device.type == "cpu" and cfg.zero_stage == 0 and not bf16:
+            # Adam's moments now, not at the first step: there they took the heap's memory the first
+            # update's activations had just freed, so the second update's came from new pages, and the
+            # heap grew for three steps, not two (SmolLM2-135M: 358,000 and 145,000 pages faulted in by
+            # the second and third updates, 4.9 and 1.9 s in the kernel, against 212,000 and none;
+            # the same zeros torch would create; docs/benchmarks.md, "Moments before the first update").
+            self.master.create_moments()
         self.updates = 0
 
     @classmethod

@@ -316,3 +316,25 @@ def test_one_cpu_rank_runs_zero_1_and_2_without_a_second_copy_of_the_weights(tin
     # and its reduction buckets
     assert peaks["worth running"] < 3.5 * weights["worth running"]
     assert peaks["as the recipe says"] > peaks["worth running"] + 1.5 * weights["worth running"]
+
+
+def test_on_the_cpu_adams_moments_exist_before_the_first_update_and_change_no_bit_of_it(tiny_model):
+    """A ZeRO-0 float32 engine on the CPU creates Adam's moments when it is built (the host heap's
+    layout: `TrainEngine.__init__`), as zeros with a step of 0: two updates land on the same bits as
+    an engine whose moments torch creates at its first step."""
+    ensure_process_group(torch.device("cpu"))
+    cfg = ActorConfig(lr=1e-2, zero_stage=0, grad_clip=1e9, weight_decay=0.1)
+    early = _engine(tiny_model, cfg)
+    params = [p for p in early.module.parameters() if p.requires_grad]
+    assert all(set(early.optimizer.state[p]) == {"step", *MOMENTS} for p in params)
+    assert all(not early.optimizer.state[p]["exp_avg"].any() for p in params)
+    assert early.master.step_count() == 0.0
+    lazy = _engine(tiny_model, cfg)
+    lazy.optimizer.state.clear()  # as torch's AdamW starts: no state until its first step
+    for seed in range(2):
+        ids = torch.randint(3, 50, (4, 12), generator=torch.Generator().manual_seed(seed))
+        _update(early, ids)
+        _update(lazy, ids)
+    got, want = _states(early), _states(lazy)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert early.master.step_count() == lazy.master.step_count() == 2.0
