@@ -15,7 +15,6 @@ This module holds the products themselves, each kind both ways (`forward_product
 (`packed`, `decodes_packed`); which library each kind takes on this machine, and the layers that
 take it, are `product_route.py`'s.
 
-
 oneDNN keeps every primitive it builds, one per product shape, in two caches (its own and ideep's,
 torch's wrapper around it) of 1,024 entries each. A run's products change shape at every step
 (the batch's token count), so with those defaults a process's memory grew by about 8 MiB a step
