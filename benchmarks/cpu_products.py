@@ -1,4 +1,4 @@
-"""torch's BLAS against oneDNN on this CPU's float32 matrix products (`engine/cpu_products.py`).
+"""torch's BLAS against oneDNN on this CPU's float32 matrix products (`engine/kernels/cpu_products.py`).
 
     python benchmarks/cpu_products.py [--model models/smollm2-135m-instruct] [--tokens 4096] [--rows 12,16,24,32]
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hflow.engine.cpu_products import onednn_available, packed, product
+from hflow.engine.kernels.cpu_products import onednn_available, packed, product
 
 
 def best_s(run, rounds: int) -> float:

@@ -81,7 +81,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM
 
-    from hflow.engine import product_route
+    from hflow.engine.kernels import product_route
     from hflow.engine.padding import positions
 
     device = torch.device(a.device)

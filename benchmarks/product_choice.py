@@ -1,5 +1,5 @@
 """How steady the measurement that picks oneDNN or the BLAS for each kind of a run's CPU products is
-(`engine/product_route.py`, `chosen_route`), on torch's thread count (the run's) and on one thread,
+(`engine/kernels/product_route.py`, `chosen_route`), on torch's thread count (the run's) and on one thread,
 with --busy spinning processes beside it (a shared machine: another process holding a core).
 
     python benchmarks/product_choice.py --busy 1 --processes 6
@@ -19,7 +19,7 @@ import sys
 
 MEASURE = """
 import json, sys, torch
-from hflow.engine.product_route import KINDS, faster_by
+from hflow.engine.kernels.product_route import KINDS, faster_by
 repeats, threads = int(sys.argv[1]), int(sys.argv[2])
 if threads:
     torch.set_num_threads(threads)
@@ -36,8 +36,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3, help="measurements of each kind per process")
     args = parser.parse_args()
-    from hflow.engine.cpu_products import onednn_available
-    from hflow.engine.product_route import KINDS, MARGIN
+    from hflow.engine.kernels.cpu_products import onednn_available
+    from hflow.engine.kernels.product_route import KINDS, MARGIN
     if not onednn_available():
         sys.exit("this torch has no oneDNN: there is no choice to measure")
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(args.busy)]

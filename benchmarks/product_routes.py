@@ -1,5 +1,5 @@
 """A recipe's actor update and scoring pass through each CPU product route, side by side in one
-process (`engine/product_route.py`: a library for each of the forward, the input gradient and the
+process (`engine/kernels/product_route.py`: a library for each of the forward, the input gradient and the
 weight gradient; `HFLOW_CPU_PRODUCTS`).
 
     python benchmarks/product_routes.py grpo/quickstart --set model.path=... --routes onednn,mixed,blas
@@ -19,7 +19,7 @@ import os
 import statistics
 import time
 
-from hflow.engine import product_route
+from hflow.engine.kernels import product_route
 from hflow.trainer.config.load import load_recipe
 from hflow.trainer.work.bench import _actor
 

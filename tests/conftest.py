@@ -141,10 +141,10 @@ def bwrap():
 def cpu_products(request, monkeypatch):
     """Each test run once with its CPU float32 products through the BLAS, the decoding step's too (as
     in a torch without oneDNN: the step multiplies as columns), and once through oneDNN, the step on
-    packed weights (`engine/cpu_products.py`; skipped where torch has no oneDNN). Yields the choice."""
+    packed weights (`engine/kernels/cpu_products.py`; skipped where torch has no oneDNN). Yields the choice."""
     from helpers import choose_cpu_products
 
-    from hflow.engine import cpu_products
+    from hflow.engine.kernels import cpu_products
     from hflow.engine.rollout import fast_decode
 
     if request.param == "onednn" and not cpu_products.onednn_available():

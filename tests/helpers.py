@@ -195,7 +195,7 @@ def choose_cpu_products(monkeypatch, choice: str) -> None:
     of `product_route.chosen_route` for the test, the process's own back after it."""
     import functools
 
-    from hflow.engine import product_route
+    from hflow.engine.kernels import product_route
 
     monkeypatch.setenv(product_route.ENV, choice)
     monkeypatch.setattr(product_route, "chosen_route", functools.cache(product_route.chosen_route.__wrapped__))

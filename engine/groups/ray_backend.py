@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hflow.engine import product_route
+from hflow.engine.kernels import product_route
 from hflow.engine.kernels import build as kernels
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dispatch import Dispatch, Protocol

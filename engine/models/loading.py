@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hflow.engine.product_route import route_linears
+from hflow.engine.kernels.product_route import route_linears
 from hflow.engine.models.folder import check_model_source
 from hflow.engine.models.fused_layers import fuse_layers
 from hflow.engine.models.tiny_shapes import TINY_SHAPES

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hflow.engine.product_route import route_linears
+from hflow.engine.kernels.product_route import route_linears
 from hflow.engine.models.folder import check_model_source
 from hflow.engine.models.fused_layers import fuse_layers
 from hflow.errors import UserError

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from hflow.engine import work_meter
-from hflow.engine.cpu_products import decodes_packed, packed, product
+from hflow.engine.kernels.cpu_products import decodes_packed, packed, product
 from hflow.engine.kernels import decode_attention, layers
 from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache, shares_prompts
 

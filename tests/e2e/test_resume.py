@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hflow.engine.cpu_products import onednn_available
-from hflow.engine.product_route import parse_route
+from hflow.engine.kernels.cpu_products import onednn_available
+from hflow.engine.kernels.product_route import parse_route
 from helpers import resume_after_crash, train_run, write_recipe
 
 COMPARED = ["reward/mean", "kl/mean", "entropy/mean", "response_length/mean", "actor/loss",

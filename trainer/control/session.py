@@ -15,7 +15,7 @@ import time
 from typing import Any, Iterator
 
 from hflow.engine import columns as col
-from hflow.engine.product_route import settle
+from hflow.engine.kernels.product_route import settle
 from hflow.engine.groups.batch import Batch
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.groups.worker import resolve

@@ -6,7 +6,7 @@ steps, and two peaks measured here, on the run's device in the run's dtype:
   - the matrix-product rate (FLOP/s) at the phase's own shape, (tokens, hidden) x (hidden, ffn):
     a decode batch's rows for generation, a micro-batch's tokens for scoring and the update
     (thin products run well below the large-matrix rate, which is reported too); on a CPU the
-    faster of torch's BLAS and oneDNN (`engine/cpu_products.py`), whichever the run used;
+    faster of torch's BLAS and oneDNN (`engine/kernels/cpu_products.py`), whichever the run used;
   - the memory bandwidth (bytes/s) of a large tensor copy;
 each the best of `RATE_PASSES` measurements taken apart.
 and the bytes the device can keep on chip between two passes over its data (`cache_bytes`).
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from hflow.engine.cpu_products import onednn_available, product
+from hflow.engine.kernels.cpu_products import onednn_available, product
 from hflow.engine.groups.dist import pick_device
 from hflow.engine.models.loading import resolve_dtype
 from hflow.mapper import memory
@@ -86,7 +86,7 @@ def _sync(device: torch.device):
 
 def matmul_rate(m: int, k: int, n: int, device: torch.device, dtype: torch.dtype) -> float:
     """FLOP/s of an (m, k) x (k, n) matrix product (2 m k n per product): the machine's best. On a
-    CPU the best of torch's BLAS and oneDNN (`engine/cpu_products.py`: whichever the run uses, the
+    CPU the best of torch's BLAS and oneDNN (`engine/kernels/cpu_products.py`: whichever the run uses, the
     limit is the faster), each on torch's thread count and on one thread (a small product on
     several threads waits at every parallel region for a core another process holds, a shared
     machine; one thread never does)."""

@@ -308,7 +308,7 @@ def test_bfloat16_decodes_on_reordered_weights_where_onednn_takes_bfloat16(tiny_
     """In bfloat16 on a CPU the lean step multiplies on oneDNN's reordered weights where torch's
     oneDNN takes bf16 (AVX-512 and up), else as the BLAS's path does; either way its float32
     logits are the forward's within bf16's rounding."""
-    from hflow.engine import cpu_products
+    from hflow.engine.kernels import cpu_products
     from hflow.engine.padding import positions
     from hflow.engine.rollout.fast_decode import FastDecoder
     from hflow.engine.rollout.generation import ForwardDecoder

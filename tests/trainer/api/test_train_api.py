@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import hflow
-from hflow.engine.product_route import parse_route
+from hflow.engine.kernels.product_route import parse_route
 from hflow.engine.cpu_threads import SHRINKING_TEAM_SPIN
 from hflow.engine.host_memory import TRIM_THRESHOLD
 from hflow.errors import UserError

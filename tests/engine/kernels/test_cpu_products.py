@@ -1,5 +1,5 @@
-"""CPU products through oneDNN (`engine/cpu_products.py`) against torch's own, in float64, and the route
-that sends each kind of a layer's products one way or the other (`engine/product_route.py`)."""
+"""CPU products through oneDNN (`engine/kernels/cpu_products.py`) against torch's own, in float64, and the route
+that sends each kind of a layer's products one way or the other (`engine/kernels/product_route.py`)."""
 
 import os
 import platform
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from hflow.engine import cpu_products, product_route
-from hflow.engine.product_route import ProductChoiceError, RoutedLinear, linear, route_linears, routes
+from hflow.engine.kernels import cpu_products, product_route
+from hflow.engine.kernels.product_route import ProductChoiceError, RoutedLinear, linear, route_linears, routes
 from hflow.errors import UserError
 from helpers import choose_cpu_products
 
@@ -178,7 +178,7 @@ def test_training_a_tiny_llama_through_onednn_follows_the_blas_run(tiny_model, m
 
 GROWTH = """
 import ctypes, torch
-from hflow.engine.cpu_products import product
+from hflow.engine.kernels.cpu_products import product
 libc = ctypes.CDLL(None)
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]

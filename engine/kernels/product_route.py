@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hflow.engine import user_cache
-from hflow.engine.cpu_products import forward_product, input_grad_product, onednn_available, weight_grad_product
+from hflow.engine.kernels.cpu_products import forward_product, input_grad_product, onednn_available, weight_grad_product
 from hflow.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from hflow.engine import cpu_products, product_route, user_cache
+from hflow.engine import user_cache
+from hflow.engine.kernels import cpu_products, product_route
 from helpers import choose_cpu_products
 
 pytestmark = pytest.mark.skipif(not cpu_products.onednn_available(), reason="this torch has no oneDNN")
