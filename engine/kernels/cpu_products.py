@@ -13,7 +13,11 @@ about 1e-6 of the result.
 This module holds the products themselves, each kind both ways (`forward_product`,
 `input_grad_product`, `weight_grad_product`), and the weights reordered for a decoding step
 (`packed`, `decodes_packed`); which library each kind takes on this machine, and the layers that
-take it, are `product_route.py`'s.
+take it, are `product_route.py`'s. A weight gradient's first operand dy^T, which oneDNN reads in
+rows, is copied into rows by a compiled kernel (`transpose.py`), not by torch's one-thread copy
+inside oneDNN's call: at SmolLM2's update, the LM head's weight gradient took 200 ms against 234,
+its copy of dy^T 20 against 59, the layers' 4-14% less; the whole update 1.03-1.06x faster there,
+the 27.5M model's 1.07x (2026-12-07, `benchmarks/transpose_ab.py`).
 
 oneDNN keeps every primitive it builds, one per product shape, in two caches (its own and ideep's,
 torch's wrapper around it) of 1,024 entries each. A run's products change shape at every step
@@ -33,6 +37,8 @@ import os
 
 import torch
 import torch.nn.functional as F
+
+from hflow.engine.kernels.transpose import in_rows
 
 # Entries in each of oneDNN's primitive caches: a training pass builds about 15 shapes of product, a
 # decoding step 6. 128 held the 27.5M model's run at 4,016 MiB, 32 at 3,247, 8 at 3,264, with the
@@ -81,7 +87,7 @@ def input_grad_product(grad: torch.Tensor, weight: torch.Tensor, onednn: bool) -
 
 def weight_grad_product(grad: torch.Tensor, rows: torch.Tensor, onednn: bool) -> torch.Tensor:
     """dW = dy^T x for rows dy (rows, out) and x (rows, in): by oneDNN or by the BLAS."""
-    return product(grad.t(), rows.t()) if onednn else grad.t() @ rows
+    return product(in_rows(grad.t()), rows.t()) if onednn else grad.t() @ rows
 
 
 def _rows_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

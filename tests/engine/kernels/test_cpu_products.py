@@ -304,3 +304,19 @@ def test_each_product_of_a_layer_goes_through_the_library_its_kind_is_routed_to(
     kinds = {((6, 12), (10, 12)): "forward", ((6, 10), (12, 10)): "input_grad", ((10, 6), (12, 6)): "weight_grad"}
     assert [kinds[s] for s in shapes] == [k for k, library in zip(product_route.KINDS, route.split(","))
                                           if library == "onednn"]
+
+
+@needs_onednn
+def test_a_weight_gradient_through_onednn_copies_dy_transposed_by_the_kernel_to_the_same_bits(monkeypatch):
+    """dW = dy^T x with dy^T put in rows by the transpose kernel: the same bits as oneDNN copying it
+    itself, and the kernel is what ran."""
+    from hflow.engine.kernels import transpose
+
+    g = torch.Generator().manual_seed(3)
+    grad, rows = torch.randn(300, 1536, generator=g), torch.randn(300, 576, generator=g)
+    plain = cpu_products.product(grad.t(), rows.t())  # oneDNN's own copy of grad^T
+    calls = []
+    real = transpose.in_rows
+    monkeypatch.setattr(cpu_products, "in_rows", lambda t: calls.append(t.shape) or real(t))
+    got = cpu_products.weight_grad_product(grad, rows, onednn=True)
+    assert calls == [(1536, 300)] and torch.equal(got, plain)
