@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from hflow.engine import work_meter
+from hflow.engine.kernels import sampling
 from hflow.engine.rollout.assembly import assemble_rollout
 from hflow.engine.rollout.fast_decode import FastDecoder, supports
 from hflow.engine.rollout.prefill import prefill
@@ -60,7 +61,9 @@ class UniformDraws:
     One number per token instead of one per vocabulary entry (the Gumbel-max trick's noise): on a
     CPU, at 32 rows of SmolLM2's 49,152 tokens, the Gumbel noise's draws and two logarithms took
     12-17 ms a step (7% of the generation), the cumulative sum and search 1.4 ms, and
-    `torch.multinomial` on the same probabilities 43-48 ms (docs/benchmarks.md).
+    `torch.multinomial` on the same probabilities 43-48 ms (docs/benchmarks.md). On a CPU, plain
+    sampling (no top-k, top-p or greedy) from float32 logits draws by the same rule in a compiled
+    kernel (`kernels/sampling.py`, through `drawn`), with the log-probs and entropy in the same passes.
     """
 
     def __init__(self, rows: int, steps: int, generator: torch.Generator | None, device: torch.device):
@@ -79,6 +82,28 @@ class UniformDraws:
         cdf = probs.cumsum(-1, dtype=None if probs.device.type == "cpu" else torch.float64)
         target = (1.0 - u.to(cdf.dtype))[:, None] * cdf[:, -1:]
         return torch.searchsorted(cdf, target).squeeze(-1)
+
+
+def drawn(logits: torch.Tensor, step: int, params: SamplingParams, draws: UniformDraws | None,
+          rows: torch.Tensor | None, fused=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This step's token for each row of `logits` (B, vocab), its log-prob and the row's entropy,
+    both under softmax(logits / T) (what the trainer scores); the token the argmax (greedy) or a
+    draw (`draws`, at output rows `rows`) from that distribution, or from its top-k / top-p part.
+    `fused`, the sampling kernel (`kernels/sampling.py`), draws plain samples from float32 logits."""
+    if fused is not None and logits.dtype == torch.float32:
+        u = draws.values[step] if rows is None else draws.values[step][rows]
+        return fused(logits.contiguous(), u, params.temperature)
+    scaled = logits / params.temperature if params.temperature != 1.0 else logits
+    log_dist = F.log_softmax(scaled, -1)
+    probs = log_dist.exp()
+    entropy = -(probs * log_dist).sum(-1)
+    if params.greedy:
+        chosen = scaled.argmax(-1)
+    else:
+        filtered = params.top_k > 0 or params.top_p < 1.0
+        pool = filter_logits(scaled, params.top_k, params.top_p).softmax(-1) if filtered else probs
+        chosen = draws.sample(pool, step, rows)
+    return chosen, log_dist.gather(-1, chosen[:, None]).squeeze(-1), entropy
 
 
 def kept_in_place(leaving: torch.Tensor) -> torch.Tensor:
@@ -185,20 +210,13 @@ class HFGenerator:
         record = []  # per step: (active, live or None, token, log-prob, entropy)
         draws = None if params.greedy else UniformDraws(rows, params.max_new_tokens, generator, device)
         compacted = False  # whether rows have left the batch (`active` is no longer every row)
+        # Plain sampling on a CPU: one compiled pass per row (`kernels/sampling.c`), where it builds.
+        fused = sampling.available() if device.type == "cpu" and not (params.greedy or filtered) else None
         for t in range(params.max_new_tokens):
             self._raise_if_cancelled(t)
-            scaled = logits / params.temperature if params.temperature != 1.0 else logits
-            log_dist = F.log_softmax(scaled, -1)
-            probs = log_dist.exp()
-            entropy = -(probs * log_dist).sum(-1)
-            if params.greedy:
-                chosen = scaled.argmax(-1)
-            else:
-                pool = filter_logits(scaled, params.top_k, params.top_p).softmax(-1) if filtered else probs
-                chosen = draws.sample(pool, t, active if compacted else None)
-            if finished is not None:
+            chosen, logp, entropy = drawn(logits, t, params, draws, active if compacted else None, fused)
+            if finished is not None:  # (their log-probs and entropies are not kept: `record`'s mask)
                 chosen = chosen.masked_fill(finished, self.pad)
-            logp = log_dist.gather(-1, chosen[:, None]).squeeze(-1)
             record.append((active, None if finished is None else ~finished, chosen, logp, entropy))
             done = torch.isin(chosen, eos)
             if finished is not None:
