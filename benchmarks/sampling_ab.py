@@ -13,30 +13,17 @@ ratio of the medians. Under the command's host-memory settings (`engine/host_mem
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
-import hflow.cli  # noqa: F401  (the command's host-memory and thread settings, before torch loads)
-import torch
+sys.path.insert(0, str(Path(__file__).parent))
 
-from hflow.engine.kernels import sampling
-from hflow.engine.rollout.generation import SamplingParams, UniformDraws, drawn
+import hflow.cli  # noqa: F401,E402  (the command's host-memory and thread settings, before torch loads)
+import torch  # noqa: E402
+from alternating import report  # noqa: E402
 
-
-def _report(title: str, ways: dict, rounds: int) -> None:
-    for run in ways.values():
-        run()
-    times = {name: [] for name in ways}
-    for r in range(rounds):
-        for name in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
-            start = time.perf_counter()
-            ways[name]()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    medians = [statistics.median(t) for t in times.values()]
-    print(title)
-    for (name, t), median in zip(times.items(), medians):
-        print(f"  {name:10s} best {min(t):9.3f} ms  median {median:9.3f} ms")
-    print(f"  {'ratio of the medians':10s} {medians[0] / medians[1]:.2f}x")
+from hflow.engine.kernels import sampling  # noqa: E402
+from hflow.engine.rollout.generation import SamplingParams, UniformDraws, drawn  # noqa: E402
 
 
 def alone(rows_list: list[int], vocab: int, rounds: int) -> None:
@@ -45,7 +32,7 @@ def alone(rows_list: list[int], vocab: int, rounds: int) -> None:
     for rows in rows_list:
         logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(rows)) * 3
         draws = UniformDraws(rows, 1, torch.Generator().manual_seed(0), torch.device("cpu"))
-        _report(f"one step's sampling, {rows} rows x {vocab} tokens",
+        report(f"one step's sampling, {rows} rows x {vocab} tokens",
                 {"torch": lambda: drawn(logits, 0, params, draws, None),
                  "kernel": lambda: drawn(logits, 0, params, draws, None, kernel)}, rounds)
 
@@ -66,7 +53,7 @@ def generation(recipe_name: str, overrides: list[str], rounds: int) -> None:
             resolve(actor.generate_sequences(data.batch(1)))
         return run
     try:
-        _report(f"{recipe_name}: the actor's generation of step 1's prompts",
+        report(f"{recipe_name}: the actor's generation of step 1's prompts",
                 {"torch": call(lambda: None), "kernel": call(lambda: kernel)}, rounds)
     finally:
         sampling.available = found

@@ -17,16 +17,17 @@ alternating, the ratio of the medians, and a product's GFLOP/s; the copies alone
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import hflow.cli  # noqa: F401  (the command's host-memory and thread settings, before torch loads)
-import torch
+sys.path.insert(0, str(Path(__file__).parent))
 
-from hflow.engine.kernels import cpu_products, transpose
-from hflow.engine.kernels.cpu_products import product
+import hflow.cli  # noqa: F401,E402  (the command's host-memory and thread settings, before torch loads)
+import torch  # noqa: E402
+from alternating import report  # noqa: E402
+
+from hflow.engine.kernels import cpu_products, transpose  # noqa: E402
+from hflow.engine.kernels.cpu_products import product  # noqa: E402
 
 
 def _blocked(x: torch.Tensor, weight: torch.Tensor, step: int) -> torch.Tensor:
@@ -37,31 +38,8 @@ def _blocked(x: torch.Tensor, weight: torch.Tensor, step: int) -> torch.Tensor:
     return out
 
 
-def _times(ways: dict, rounds: int) -> dict[str, list[float]]:
-    for run in ways.values():
-        run()  # primitives built, memory touched
-    times = {name: [] for name in ways}
-    for r in range(rounds):
-        for name in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
-            start = time.perf_counter()
-            ways[name]()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return times
-
-
-def _report(title: str, ways: dict, rounds: int, flops: float | None) -> None:
-    times = _times(ways, rounds)
-    medians = [statistics.median(t) for t in times.values()]
-    print(title)
-    for (name, t), median in zip(times.items(), medians):
-        rate = f"  {flops / median / 1e6:6.0f} GFLOP/s" if flops else ""
-        print(f"  {name:28s} best {min(t):8.2f} ms  median {median:8.2f} ms{rate}")
-    print(f"  {'ratio of the medians':28s} {medians[0] / medians[1]:.2f}x")
-
-
 def update(recipe_name: str, overrides: list[str], rounds: int) -> None:
     """The actor's update of one batch of the recipe's, the kernel's copies against torch's."""
-    sys.path.insert(0, str(Path(__file__).parent))
     from update_profile import _batches
 
     from hflow.engine.groups.worker import resolve
@@ -80,7 +58,7 @@ def update(recipe_name: str, overrides: list[str], rounds: int) -> None:
                 cpu_products.in_rows = copy
                 resolve(actor.update_actor(batch))
             return run
-        _report(f"{recipe_name}: the actor's update ({len(batch)} rows), milliseconds",
+        report(f"{recipe_name}: the actor's update ({len(batch)} rows), milliseconds",
                 {name: call(copy) for name, copy in ways.items()}, rounds, None)
     finally:
         cpu_products.in_rows = transpose.in_rows
@@ -108,18 +86,18 @@ def main() -> None:
     x, weight = torch.randn(n, h, generator=g), torch.randn(v, h, generator=g)
     dy = torch.randn(n, v, generator=g)
     flops = 2.0 * n * h * v
-    _report(f"LM head forward ({n} x {h}) x ({h} x {v})",
+    report(f"LM head forward ({n} x {h}) x ({h} x {v})",
             {"whole": lambda: product(x, weight), "blocks of 2,048": lambda: _blocked(x, weight, 2048)},
             args.rounds, flops)
-    _report(f"LM head weight gradient dy^T x, dy ({n} x {v})",
+    report(f"LM head weight gradient dy^T x, dy ({n} x {v})",
             {"oneDNN copies dy^T": lambda: product(dy.t(), x.t()),
              "kernel copies dy^T": lambda: product(transpose.in_rows(dy.t()), x.t())}, args.rounds, flops)
-    _report(f"the copy of dy^T alone ({v} x {n})",
+    report(f"the copy of dy^T alone ({v} x {n})",
             {"torch": lambda: dy.t().contiguous(), "kernel": lambda: transpose.in_rows(dy.t())}, args.rounds, None)
     t = args.layer_tokens
     for out, inner in ((args.ffn, h), (h, args.ffn), (h, h)):
         grad, rows = torch.randn(t, out, generator=g), torch.randn(t, inner, generator=g)
-        _report(f"layer weight gradient, dy ({t} x {out}), x ({t} x {inner})",
+        report(f"layer weight gradient, dy ({t} x {out}), x ({t} x {inner})",
                 {"oneDNN copies dy^T": lambda: product(grad.t(), rows.t()),
                  "kernel copies dy^T": lambda: product(transpose.in_rows(grad.t()), rows.t())},
                 args.rounds, 2.0 * t * out * inner)
