@@ -46,7 +46,7 @@ void sample_rows(const float *restrict logits, long rows, long vocab, long ld, f
             moment += e == 0.f ? 0.0 : (double)e * (double)(x[j] * inverse_t - m);
         }
         double target = (1.0 - (double)u[r]) * s, running = 0.0;
-        long chosen = -1, last_positive = 0;
+        long chosen = -1;
         for (long j0 = 0; j0 < vocab && chosen < 0; j0 += SPAN) {
             long j1 = j0 + SPAN < vocab ? j0 + SPAN : vocab;
             double span = 0.0;
@@ -58,7 +58,6 @@ void sample_rows(const float *restrict logits, long rows, long vocab, long ld, f
             }
             for (long j = j0; j < j1; j++) {
                 float e = scaled_exp(x[j], inverse_t, m);
-                if (e > 0.f) last_positive = j;
                 running += e;
                 if (running >= target && e > 0.f) {
                     chosen = j;
@@ -66,14 +65,10 @@ void sample_rows(const float *restrict logits, long rows, long vocab, long ld, f
                 }
             }
         }
-        if (chosen < 0) { /* rounding left the target past the last span's sum: its last token that can be drawn */
-            for (long j = vocab - 1; j >= 0; j--)
-                if (scaled_exp(x[j], inverse_t, m) > 0.f) {
-                    last_positive = j;
-                    break;
-                }
-            chosen = last_positive;
-        }
+        /* Rounding left the target past the whole sum: the last token that can be drawn (the
+           largest logit's, at least: its e is 1). */
+        for (long j = vocab - 1; chosen < 0 && j >= 0; j--)
+            if (scaled_exp(x[j], inverse_t, m) > 0.f) chosen = j;
         double log_s = log(s);
         token[r] = chosen;
         log_prob[r] = (float)((double)(x[chosen] * inverse_t - m) - log_s);

@@ -37,6 +37,11 @@ class SamplingParams:
     # (rollout.batch_size). vLLM batches as it schedules.
     batch_size: int | None = None
 
+    @property
+    def filtered(self) -> bool:
+        """Whether draws come from a top-k / top-p part of the distribution (`filter_logits`)."""
+        return self.top_k > 0 or self.top_p < 1.0
+
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask all but the top-k tokens and the smallest set holding top_p of the mass."""
@@ -100,8 +105,7 @@ def drawn(logits: torch.Tensor, step: int, params: SamplingParams, draws: Unifor
     if params.greedy:
         chosen = scaled.argmax(-1)
     else:
-        filtered = params.top_k > 0 or params.top_p < 1.0
-        pool = filter_logits(scaled, params.top_k, params.top_p).softmax(-1) if filtered else probs
+        pool = filter_logits(scaled, params.top_k, params.top_p).softmax(-1) if params.filtered else probs
         chosen = draws.sample(pool, step, rows)
     return chosen, log_dist.gather(-1, chosen[:, None]).squeeze(-1), entropy
 
@@ -206,12 +210,11 @@ class HFGenerator:
         active = torch.arange(rows, device=device)  # the output row of each batch slot
         finished = None  # (batch,) bool once some rows in the batch have ended, else None
         eos = self.eos.to(device)
-        filtered = params.top_k > 0 or params.top_p < 1.0
         record = []  # per step: (active, live or None, token, log-prob, entropy)
         draws = None if params.greedy else UniformDraws(rows, params.max_new_tokens, generator, device)
         compacted = False  # whether rows have left the batch (`active` is no longer every row)
         # Plain sampling on a CPU: one compiled pass per row (`kernels/sampling.c`), where it builds.
-        fused = sampling.available() if device.type == "cpu" and not (params.greedy or filtered) else None
+        fused = sampling.available() if device.type == "cpu" and not (params.greedy or params.filtered) else None
         for t in range(params.max_new_tokens):
             self._raise_if_cancelled(t)
             chosen, logp, entropy = drawn(logits, t, params, draws, active if compacted else None, fused)
