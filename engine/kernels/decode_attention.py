@@ -109,7 +109,7 @@ def _check(shape: tuple, keys: torch.Tensor, values: torch.Tensor, mask: torch.T
     stride would read the wrong memory, not fail."""
     rows, kv_heads, _, head_dim = shape
     for t in (keys, values) if mask is None else (keys, values, mask):
-        if t.dtype != torch.float32 or t.device.type != "cpu":
+        if t.dtype != torch.float32 or not t.is_cpu:
             raise ValueError(f"the decoding attention kernel takes float32 CPU tensors, not {t.dtype} on {t.device}")
     capacity = keys.shape[2]
     inner = (capacity * head_dim, head_dim, 1)
@@ -129,7 +129,7 @@ def _prefix(prompt_keys: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor]
     k, v = prefix
     _, kv_heads, _, head_dim = prompt_keys.shape
     for t in prefix:
-        if (t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 4 or t.shape[0] != 1
+        if (t.dtype != torch.float32 or not t.is_cpu or t.dim() != 4 or t.shape[0] != 1
                 or t.shape[1] != kv_heads or t.shape[3] != head_dim or not t.is_contiguous() or t.shape != k.shape):
             raise ValueError(f"the decoding attention kernel's prefix: {tuple(t.shape)}/{t.stride()} {t.dtype} for "
                              f"{kv_heads} key-value heads of {head_dim}")
@@ -144,7 +144,7 @@ def _new(shape: tuple, new: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[i
     rows, kv_heads, _, head_dim = shape
     k, v = new
     for t in new:
-        if (t.dtype != torch.float32 or t.device.type != "cpu" or t.shape != (rows, kv_heads, 1, head_dim)
+        if (t.dtype != torch.float32 or not t.is_cpu or t.shape != (rows, kv_heads, 1, head_dim)
                 or t.stride(1) != head_dim or t.stride(3) != 1 or t.stride(0) != k.stride(0)):
             raise ValueError(f"the decoding attention kernel's new keys and values: {tuple(t.shape)}/{t.stride()} "
                              f"{t.dtype} for queries {tuple(shape)}")
@@ -154,7 +154,7 @@ def _new(shape: tuple, new: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[i
 def _query(q: torch.Tensor) -> torch.Tensor:
     """q with each row's (kv_heads, group, head_dim) contiguous, as the kernel reads it."""
     _, _, group, head_dim = q.shape
-    if q.dtype != torch.float32 or q.device.type != "cpu":
+    if q.dtype != torch.float32 or not q.is_cpu:
         raise ValueError(f"the decoding attention kernel takes float32 CPU tensors, not {q.dtype} on {q.device}")
     return q if q[0].stride() == (group * head_dim, head_dim, 1) else q.contiguous()
 

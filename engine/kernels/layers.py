@@ -127,7 +127,7 @@ class LayerKernels:
 def _check(kernel: str, t: torch.Tensor, shape: tuple, contiguous: bool = True) -> None:
     """The layout a kernel reads: float32 on the CPU, of this shape, contiguous (a wrong stride would
     read the wrong memory, not fail)."""
-    if (t.dtype != torch.float32 or t.device.type != "cpu" or tuple(t.shape) != tuple(shape)
+    if (t.dtype != torch.float32 or not t.is_cpu or tuple(t.shape) != tuple(shape)
             or (contiguous and not t.is_contiguous())):
         raise ValueError(f"the {kernel} kernel takes contiguous float32 CPU tensors of shape {tuple(shape)}, "
                          f"not {t.dtype} {tuple(t.shape)}/{t.stride()} on {t.device}")

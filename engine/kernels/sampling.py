@@ -35,7 +35,7 @@ class Sampling:
         (rows contiguous) under softmax(logits / temperature), a row's token drawn at `uniform`
         (rows,) float32 in [0, 1)."""
         rows, vocab = logits.shape if logits.dim() == 2 else (-1, -1)
-        if (logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.dim() != 2
+        if (logits.dtype != torch.float32 or not logits.is_cpu or logits.dim() != 2
                 or logits.stride(1) != 1 or vocab < 1):
             raise ValueError(f"the sampling kernel takes float32 CPU logits (rows, vocab) whose rows are contiguous, "
                              f"not {logits.dtype} {tuple(logits.shape)}/{logits.stride()} on {logits.device}")

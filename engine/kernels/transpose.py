@@ -25,7 +25,7 @@ class Transpose:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (rows, cols), float32 on the CPU with unit column stride, as a new (cols, rows) tensor
         in rows: x.t().contiguous()."""
-        if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.stride(1) != 1:
+        if x.dtype != torch.float32 or not x.is_cpu or x.dim() != 2 or x.stride(1) != 1:
             raise ValueError(f"the transpose kernel takes a float32 CPU matrix whose rows are contiguous, "
                              f"not {x.dtype} {tuple(x.shape)}/{x.stride()} on {x.device}")
         rows, cols = x.shape
@@ -45,7 +45,7 @@ def in_rows(t: torch.Tensor) -> torch.Tensor:
     the transpose of a float32 CPU matrix in rows and the kernel runs here, else by torch."""
     if t.is_contiguous():
         return t
-    kernel = available() if t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 2 else None
+    kernel = available() if t.dtype == torch.float32 and t.is_cpu and t.dim() == 2 else None
     if kernel is not None and t.stride(0) == 1:
         return kernel(t.t())
     return t.contiguous()
