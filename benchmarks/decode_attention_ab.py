@@ -10,7 +10,8 @@ for all the layers of one step, and the time of one plain read of the same keys 
 the memory's rate: the limit). With `--rollout RECIPE`: the recipe's own rollouts (`--set` as for
 `hflow train`), the kernel turned off and on between calls; seconds per rollout. `--kernel step`
 turns the step's element-wise kernels (`layers.c`) off and on instead, `--kernel append` the
-cache's append inside the attention's kernel (torch's copy first instead). With `--before REV`, the
+cache's append inside the attention's kernel (torch's copy first instead), `--kernel thin` the
+step's products' kernel (`thin_products.c`; oneDNN's products instead). With `--before REV`, the
 kernel as it was at a git revision (built here from that revision's source) takes torch's place:
 
     python benchmarks/decode_attention_ab.py --before HEAD~1
@@ -122,6 +123,10 @@ def rollout(recipe_name: str, overrides: list[str], rounds: int, which: str, bef
 def _switches(which: str, decode_attention, layers) -> list[tuple]:
     """What turns `which` off: the attention's kernel, the step's element-wise kernels, or the cache's
     append inside the attention's kernel (appended by torch first instead)."""
+    if which == "thin":
+        from hflow.engine.kernels import thin_products
+
+        return [(thin_products, "available", lambda: None)]
     if which != "append":
         return [(decode_attention if which == "attention" else layers, "available", lambda: None)]
     from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache
@@ -140,10 +145,11 @@ def main() -> None:
     parser.add_argument("--rollout", metavar="RECIPE", help="time the recipe's rollouts instead")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--before", metavar="REV", help="the attention's kernel at this git revision in torch's place")
-    parser.add_argument("--kernel", choices=("attention", "step", "append"), default="attention",
+    parser.add_argument("--kernel", choices=("attention", "step", "append", "thin"), default="attention",
                         help="with --rollout, the kernel turned off and on: the attention's (decode_attention.c), "
-                        "the step's element-wise work (layers.c; the attention's kernel stays on), or the "
-                        "cache's append inside the attention's kernel")
+                        "the step's element-wise work (layers.c; the attention's kernel stays on), the "
+                        "cache's append inside the attention's kernel, or the step's products (thin_products.c; "
+                        "off: oneDNN's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

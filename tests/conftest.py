@@ -137,19 +137,25 @@ def bwrap():
         pytest.skip(reason)
 
 
-@pytest.fixture(params=["blas", "onednn"])
+@pytest.fixture(params=["blas", "onednn", "thin"])
 def cpu_products(request, monkeypatch):
     """Each test run once with its CPU float32 products through the BLAS, the decoding step's too (as
-    in a torch without oneDNN: the step multiplies as columns), and once through oneDNN, the step on
-    packed weights (`engine/kernels/cpu_products.py`; skipped where torch has no oneDNN). Yields the choice."""
+    in a torch without oneDNN: the step multiplies as columns), once through oneDNN, the step on
+    oneDNN's packed weights (`engine/kernels/cpu_products.py`; skipped where torch has no oneDNN), and
+    once so with the step's float32 products through the thin products' kernel on its panels
+    (`engine/kernels/thin_products.c`; skipped where it cannot be built). Yields the choice."""
     from helpers import choose_cpu_products
 
-    from hflow.engine.kernels import cpu_products
+    from hflow.engine.kernels import cpu_products, thin_products
     from hflow.engine.rollout import fast_decode
 
-    if request.param == "onednn" and not cpu_products.onednn_available():
+    if request.param != "blas" and not cpu_products.onednn_available():
         pytest.skip("this torch has no oneDNN")
-    choose_cpu_products(monkeypatch, request.param)
+    if request.param == "thin" and thin_products.available() is None:
+        pytest.skip("the thin products' kernel cannot be built here")
+    if request.param == "onednn":
+        monkeypatch.setattr(thin_products, "available", lambda: None)
+    choose_cpu_products(monkeypatch, "blas" if request.param == "blas" else "onednn")
     if request.param == "blas":
         packs = fast_decode.decodes_packed
         monkeypatch.setattr(fast_decode, "decodes_packed",

@@ -12,22 +12,27 @@ On a CPU in float32 the attention is written out as two matmuls and a softmax: f
 query token that is faster than `scaled_dot_product_attention`'s kernel; elsewhere (GPU,
 bfloat16) the fused kernel is used. The step multiplies in one of three layouts (`step_layout`):
 on a CPU wherever torch has oneDNN (`cpu_products.decodes_packed`), the projections and the head
-run through oneDNN on weights reordered for the batch, q/k/v and gate/up each joined into one
-product, the hidden state carried as rows; on a GPU, as rows through `F.linear` on the model's own
+run on weights copied into a layout for the batch's products, q/k/v and gate/up each joined into
+one product, the hidden state carried as rows: in float32 where it builds (AVX-512), the thin
+products' kernel on weights packed in panels (`kernels/thin_products.c`: SmolLM2's rollout 1.22x
+faster than on oneDNN's, the 27.5M and 3.5M models' 1.15x and 1.16x, 2026-12-07), else oneDNN on
+weights reordered for the batch's rows; on a GPU, as rows through `F.linear` on the model's own
 weights (no copy); on a CPU without oneDNN, through the BLAS as columns (`weight @ x`). The
-constants below are for the BLAS's products. In float32 on oneDNN's products, the element-wise work
+constants below are for the BLAS's products. In float32 in that first layout, the element-wise work
 between them (residual sums and RMSNorms, the rotary pass, SwiGLU, the cache's append) runs as
 compiled kernels where they can be built (`engine/kernels/`, `_step_compiled`).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from hflow.engine import work_meter
 from hflow.engine.kernels.cpu_products import decodes_packed, packed, product
-from hflow.engine.kernels import decode_attention, layers
+from hflow.engine.kernels import decode_attention, layers, thin_products
 from hflow.engine.rollout.decode_cache import RowCache, SharedPromptCache, shares_prompts
 
 SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
@@ -119,11 +124,17 @@ class FastDecoder:
         # into its layout for the batch's rows (a copy of the weights while the batch decodes).
         self.weights = [LayerWeights(layer) for layer in inner.layers]
         self.head_weight = model.lm_head.weight
+        # The step's products: oneDNN's (`cpu_products.product`), or in float32 the thin products'
+        # kernel where it builds (`kernels/thin_products.c`), each on weights packed for it.
+        self.product = product
         if self.layout == "packed":
             rows = mask.shape[0] * repeat
+            thin = thin_products.available() if dtype == torch.float32 else None
+            pack = functools.partial(packed, rows=rows) if thin is None else thin.pack
+            self.product = product if thin is None else thin
             for w in self.weights:
-                w.pack(rows)
-            self.head_weight = packed(self.head_weight, rows)
+                w.pack(pack)
+            self.head_weight = pack(self.head_weight)
         self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
         # The element-wise work between the products compiled too (`engine/kernels/layers.c`),
         # where the step runs as rows on joined products in float32 (`_step_compiled`).
@@ -215,7 +226,7 @@ class FastDecoder:
         `benchmarks/decode_step_ab.py`, 2026-11-27)."""
         batch, inner = tokens.shape[0], self.model.model
         h = inner.embed_tokens(tokens[:, None])[:, 0]  # (B, hidden)
-        project = product if self.layout == "packed" else F.linear
+        project = self.product if self.layout == "packed" else F.linear
         cos, sin = self.cos[self.next_position][:, None], self.signed_sin[self.next_position][:, None]
         for i, w in enumerate(self.weights):
             q, k, v = self._split_qkv(w.qkv_rows(project, _rms_norm(h, w.input_norm, w.eps)), cos, sin)
@@ -243,11 +254,11 @@ class FastDecoder:
         weights, rotated = self.weights, self.heads + self.kv_heads
         x = kernels.add_rms_norm(h, None, weights[0].input_norm, weights[0].eps)
         for i, w in enumerate(weights):
-            rows = kernels.rotary_(product(x, w.qkv, w.qkv_bias), rotated, self.head_dim, self.cos,
+            rows = kernels.rotary_(self.product(x, w.qkv, w.qkv_bias), rotated, self.head_dim, self.cos,
                                    self.signed_sin, self.next_position)
             attended = self.cache.append_and_attend(i, *self._views_qkv(rows), w.scale)
-            x = kernels.add_rms_norm(h, product(attended.reshape(batch, -1), w.o, w.o_bias), w.post_norm, w.eps)
-            down = product(kernels.silu_mul(product(x, w.gate_up)), w.down)
+            x = kernels.add_rms_norm(h, self.product(attended.reshape(batch, -1), w.o, w.o_bias), w.post_norm, w.eps)
+            down = self.product(kernels.silu_mul(self.product(x, w.gate_up)), w.down)
             norm, eps = (weights[i + 1].input_norm, weights[i + 1].eps) if i + 1 < len(weights) else self.final_norm
             x = kernels.add_rms_norm(h, down, norm, eps)
         self.cache.columns += 1
@@ -255,7 +266,7 @@ class FastDecoder:
         head = self.model.lm_head
         if self.meter is not None:
             self.meter.on_head(head, (x,), None)
-        return product(x, self.head_weight, head.bias)
+        return self.product(x, self.head_weight, head.bias)
 
     def _views_qkv(self, rows: torch.Tensor):
         """q (B, kv_heads, group, head_dim), k and v (B, kv_heads, 1, head_dim): views of the joined
@@ -345,13 +356,14 @@ class LayerWeights:
         return rows[:, :inter], rows[:, inter:]
 
     @torch.no_grad()
-    def pack(self, rows: int) -> None:
-        """The matrices in oneDNN's layout for products of `rows` rows (`cpu_products.packed`), q, k
-        and v joined into one, gate and up into another: one product each instead of three and two
-        (at SmolLM2's shapes and 32 rows, 1.34x and 1.05x faster; at the 3.5M model's and 64 rows,
-        1.59x and 1.22x: a product's fixed cost paid once)."""
-        self.qkv = packed(torch.cat((self.q, self.k, self.v)), rows)
+    def pack(self, pack) -> None:
+        """The matrices copied into the step's products' layout by `pack` (oneDNN's for the batch's
+        rows, `cpu_products.packed`, or the thin products' panels), q, k and v joined into one, gate
+        and up into another: one product each instead of three and two (at SmolLM2's shapes and 32
+        rows, oneDNN's 1.34x and 1.05x faster; at the 3.5M model's and 64 rows, 1.59x and 1.22x: a
+        product's fixed cost paid once)."""
+        self.qkv = pack(torch.cat((self.q, self.k, self.v)))
         if self.q_bias is not None:  # Qwen2's q/k/v biases (Llama's attention_bias sets all three)
             self.qkv_bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
-        self.gate_up = packed(torch.cat((self.gate, self.up)), rows)
-        self.o, self.down = packed(self.o, rows), packed(self.down, rows)
+        self.gate_up = pack(torch.cat((self.gate, self.up)))
+        self.o, self.down = pack(self.o), pack(self.down)

@@ -76,12 +76,14 @@ def test_fast_decoding_step_matches_the_transformers_forward(tiny_model, cpu_pro
     torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
 
 
-def _qwen2_steps_match_the_forward(dtype, rows: int, layout: str | None = None) -> None:
+def _qwen2_steps_match_the_forward(dtype, rows: int, layout: str | None = None, thin: bool | None = None) -> None:
     """A Qwen2-shaped model (q/k/v biases, 2 key-value heads for 4 query heads, tied head) on
     left-padded prompts: each lean step's logits are the forward's (in bfloat16 within its
-    rounding); `layout` (else the device's own) is the step's (`fast_decode.step_layout`)."""
+    rounding); `layout` (else the device's own) is the step's (`fast_decode.step_layout`), and where
+    `thin` is given, whether its products are the thin products' kernel's."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from hflow.engine.kernels.thin_products import ThinProducts
     from hflow.engine.padding import positions
     from hflow.engine.rollout.fast_decode import FastDecoder, supports
     from hflow.engine.rollout.generation import ForwardDecoder
@@ -103,6 +105,8 @@ def _qwen2_steps_match_the_forward(dtype, rows: int, layout: str | None = None) 
             decoders.append(FastDecoder(model, cache, mask, 4) if kind is FastDecoder else ForwardDecoder(model, cache, mask))
         if layout is not None:
             assert decoders[0].layout == layout
+        if thin is not None:
+            assert isinstance(decoders[0].product, ThinProducts) == thin
         tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0.05, "atol": 0.05}
         for tokens in ([9, 10], [11, 12], [13, 14]):
             fast, slow = (d.step(torch.tensor(tokens * (rows // 2))) for d in decoders)
@@ -115,12 +119,12 @@ def _qwen2_steps_match_the_forward(dtype, rows: int, layout: str | None = None) 
 def test_fast_decoding_step_with_biases_and_grouped_keys_matches_the_forward(dtype, rows, monkeypatch, cpu_products):
     """A Qwen2-shaped model's lean steps give the forward's logits, in float32 and bfloat16, with
     the BLAS's products as `F.linear` (few rows) and as `weight @ x` (many, the head in vocabulary
-    slices of 40, 40 and 17 rows), and with oneDNN's (float32 where chosen; bfloat16 wherever oneDNN
-    takes it, whatever the choice)."""
+    slices of 40, 40 and 17 rows), with oneDNN's (float32 where chosen; bfloat16 wherever oneDNN
+    takes it, whatever the choice), and in float32 with the thin products' kernel."""
     from hflow.engine.rollout import fast_decode
 
     monkeypatch.setattr(fast_decode, "HEAD_SLICE_ROWS", 40)
-    _qwen2_steps_match_the_forward(dtype, rows)
+    _qwen2_steps_match_the_forward(dtype, rows, thin=cpu_products == "thin" and dtype == torch.float32)
 
 
 @pytest.mark.parametrize("rows", [2, WEIGHT_LEFT_FROM_ROWS])
@@ -271,7 +275,7 @@ def test_finished_rows_leave_a_cpu_batch_as_its_products_run_fastest(tiny_model,
     torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], rtol=1e-5, atol=1e-5)
     lengths = a["response_mask"].sum(-1)
     live = [int((lengths > t + 1).sum()) for t in range(len(fed))]  # rows not finished after token t + 1
-    if cpu_products == "onednn":
+    if cpu_products != "blas":  # oneDNN's packed weights or the thin products' panels: any row count
         assert fed == live and any(rows < 12 for rows in fed) and any(rows % 8 for rows in fed)
         return
     assert fed[0] == 32 and any(rows < 12 for rows in fed)
