@@ -120,8 +120,8 @@ class FastDecoder:
         cos, sin = inner.rotary_emb(probe, torch.arange(capacity, device=device)[None])
         self.cos, self.sin = cos[0], sin[0]  # (capacity, head_dim)
         # The layers' own parameters (references, not copies), read once instead of through
-        # module attribute lookups and calls at every step; with oneDNN's products, reordered
-        # into its layout for the batch's rows (a copy of the weights while the batch decodes).
+        # module attribute lookups and calls at every step; in the "packed" layout, copied into
+        # the step's products' own (a copy of the weights while the batch decodes).
         self.weights = [LayerWeights(layer) for layer in inner.layers]
         self.head_weight = model.lm_head.weight
         # The step's products: oneDNN's (`cpu_products.product`), or in float32 the thin products'

@@ -51,8 +51,12 @@ def test_the_first_mini_batch_trains_while_the_step_still_generates_the_run_lear
                              rollout={"max_response_length": 24, "stream_prompts": 1},
                              actor={"micro_batch_size": 8, "mini_batch_size": 8, "off_policy_correction": "tis"})
     assert all(e["stream/mini_batches"] == 4 and e["async/staleness_max"] == 0 for e in events)
+    # Trained before the step's last row was generated in most steps: whether a step overlaps is a
+    # race between the generator and one mini-batch's scoring and update (a faster generator loses
+    # it now and then; `tests/trainer/streaming/` paces one to show each step's order), but a
+    # trainer that waited for the whole step would lose it in every step.
     leads = [e["stream/update_lead_s"] for e in events]
-    assert all(lead > 0 for lead in leads), leads
+    assert sum(lead > 0 for lead in leads) > len(leads) // 2, leads
     assert all(0 < e["actor/off_policy_weight"] <= 2.0 for e in events)
     first = sum(e["reward/mean"] for e in events[:3]) / 3
     last = sum(e["reward/mean"] for e in events[-3:]) / 3
