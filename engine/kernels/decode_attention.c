@@ -24,27 +24,12 @@
 
 #include "vector_math.h"
 
-/* 16 floats as one value of GCC's (and clang's) vector extensions: the compiler lowers it to the
-host's registers (one AVX-512 register, two AVX ones, four SSE ones), so the head's width is what
-the loops below vectorize over. Left to vectorize plain loops, GCC 12 vectorized a score's loop over
-the query heads of a group instead (three of them with SmolLM2's heads: sixteen-wide vectors mostly
-masked, every product over the head's width scalar): SmolLM2's attention took 6.2 ms of a 40 ms
-decoding step at 32 rows, 4.2 ms in vectors of the width (2-core AVX-512 EPYC, 2026-12-07). */
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
-#define LANES 16
-typedef float lanes __attribute__((vector_size(64)));
-
-static inline lanes load_lanes(const float *p) { lanes v; __builtin_memcpy(&v, p, sizeof v); return v; }
-static inline void store_lanes(float *p, lanes v) { __builtin_memcpy(p, &v, sizeof v); }
-
-/* The sum of v's lanes, halves added in turn (8, 4, 2, 1 apart): four shuffles, four additions. */
-static inline float lane_sum(lanes v) {
-    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-    return v[0];
-}
+/* The head's width is what the vector loops below run over (`lanes`, vector_math.h). Left to
+vectorize plain loops, GCC 12 vectorized a score's loop over the query heads of a group instead
+(three of them with SmolLM2's heads: sixteen-wide vectors mostly masked, every product over the
+head's width scalar): SmolLM2's attention took 6.2 ms of a 40 ms decoding step at 32 rows, 4.2 ms
+in vectors of the width (2-core AVX-512 EPYC, 2026-12-07). */
+#ifdef LANES
 #define IN_LANES(head_dim) ((head_dim) % LANES == 0 && (head_dim) <= 8 * LANES)
 #else
 #define IN_LANES(head_dim) 0

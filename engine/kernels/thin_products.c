@@ -19,15 +19,15 @@
 /* Without AVX-512 (16 registers of 8 floats) or without GCC 12's or clang's vector types the kernel
    is not built (nothing past the error is compiled, so the build's log names it), and the step
    keeps oneDNN's products. */
-#if !defined(__AVX512F__)
-#error "the thin products are written for AVX-512's 32 vector registers; this CPU has no AVX-512"
-#elif !(defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
-#error "the thin products need GCC 12 or clang for their vector types"
-#else
-
 #include <string.h>
 
-typedef float lanes __attribute__((vector_size(64)));
+#include "vector_math.h"
+
+#if !defined(__AVX512F__)
+#error "the thin products are written for AVX-512's 32 vector registers; this CPU has no AVX-512"
+#elif !defined(LANES)
+#error "the thin products need GCC 12 or clang for their vector types"
+#else
 
 #define PANEL 16L
 /* Weight lines asked for this many steps of k ahead of their use (a step reads one 64-byte line of each
@@ -37,8 +37,6 @@ typedef float lanes __attribute__((vector_size(64)));
 /* Rows summed together: their 2 x ROWS sums and the two weight vectors fit AVX-512's 32 vector
    registers of 16 floats. */
 #define ROWS 8
-
-static inline lanes load_lanes(const float *p) { lanes v; __builtin_memcpy(&v, p, sizeof v); return v; }
 
 /* W (out, in), rows at w + n * ldw, into panels (above). */
 void pack_panels(const float *w, long ldw, long out, long in, float *panels, int threads) {

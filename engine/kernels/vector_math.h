@@ -6,6 +6,26 @@
 
 #include <math.h>
 
+/* 16 floats as one value of GCC's (and clang's) vector extensions: the compiler lowers it to the
+   host's registers (one AVX-512 register, two AVX ones, four SSE ones). LANES is defined where the
+   compiler has them. */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define LANES 16
+typedef float lanes __attribute__((vector_size(64)));
+
+static inline lanes load_lanes(const float *p) { lanes v; __builtin_memcpy(&v, p, sizeof v); return v; }
+static inline void store_lanes(float *p, lanes v) { __builtin_memcpy(p, &v, sizeof v); }
+
+/* The sum of v's lanes, halves added in turn (8, 4, 2, 1 apart): four shuffles, four additions. */
+static inline float lane_sum(lanes v) {
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v[0];
+}
+#endif
+
 /* exp(x) for x <= 0 (a score minus its row's largest; silu's -|x|): 2^n * p(r) with r = x - n ln 2 in
    [-ln2/2, ln2/2] and p the degree-7 series of Cephes' expf (relative error about 1e-7), written
    so that the compiler vectorizes it; below -87 the result is at most 1.6e-38. */
