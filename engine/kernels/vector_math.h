@@ -24,6 +24,42 @@ static inline float lane_sum(lanes v) {
     v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
     return v[0];
 }
+
+/* 16 ints, as comparisons of `lanes` give them (-1 where true, 0 where false). */
+typedef int ints __attribute__((vector_size(64)));
+
+/* where m: a, else b (lane by lane). */
+static inline lanes select_lanes(ints m, lanes a, lanes b) { return (lanes)((m & (ints)a) | (~m & (ints)b)); }
+
+static inline lanes max_lanes(lanes a, lanes b) { return select_lanes(a > b, a, b); }
+
+/* The largest of v's lanes, halves compared in turn as `lane_sum` adds them. */
+static inline float lane_max(lanes v) {
+    v = max_lanes(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    v = max_lanes(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+    v = max_lanes(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+    v = max_lanes(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+    return v[0];
+}
+
+/* `exp_nonpositive` of each lane, in vectors: the same clamp, reduction and series. */
+static inline lanes exp_lanes(lanes x) {
+    const lanes low = (lanes){0} - 87.0f;
+    x = max_lanes(x, low);
+    lanes y = x * 1.44269504088896341f + 0.5f;
+    lanes n = __builtin_convertvector(__builtin_convertvector(y, ints), lanes);  /* toward zero */
+    n = select_lanes(n > y, n - 1.0f, n);                                      /* floor */
+    lanes r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    lanes p = (lanes){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    ints two_n = (__builtin_convertvector(n, ints) + 127) << 23;
+    return p * (lanes)two_n;
+}
 #endif
 
 /* exp(x) for x <= 0 (a score minus its row's largest; silu's -|x|): 2^n * p(r) with r = x - n ln 2 in

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from hflow.engine import work_meter
+from hflow.engine.kernels import grid_attention
 from hflow.engine.lm_head import can_head_at, head_at, model_behind
 from hflow.engine.prompt_prefix import common_prefix_of
 from hflow.engine.training.held_prefix import HeldPrefix
@@ -232,14 +233,25 @@ def _after(shared: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return torch.cat([shared.expand(keys.shape[0], -1, -1, -1), keys], 2)
 
 
-def _attention(q, k, v, **kwargs) -> torch.Tensor:
-    """SDPA; on a CPU in 16-bit floats, computed in float32 and given back in the inputs' dtype: torch's
-    CPU kernels for bfloat16 ran a grid's attention with its backward 2.1-3.7x slower than on the
-    same values in float32 (SmolLM2's heads, a micro-batch of 32 rows: 22.6 ms against 10.6 with the
-    row mask, 4.8 against 1.3 causal; docs/benchmarks.md), and float32 is the more exact."""
-    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16):
-        return F.scaled_dot_product_attention(q, k, v, **kwargs)
-    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
+def _attention(q, k, v, dropout_p: float = 0.0, **kwargs) -> torch.Tensor:
+    """SDPA's attention; on a CPU without dropout, the compiled grid kernel's where it can be built
+    (`engine/kernels/grid_attention.py`: torch's CPU kernel ran SmolLM2's grids at 20-32 GFLOP/s).
+    On a CPU in 16-bit floats, computed in float32 and given back in the inputs' dtype: torch's CPU
+    kernels for bfloat16 ran a grid's attention with its backward 2.1-3.7x slower than on the same
+    values in float32 (SmolLM2's heads, a micro-batch of 32 rows: 22.6 ms against 10.6 with the row
+    mask, 4.8 against 1.3 causal; docs/benchmarks.md), and float32 is the more exact."""
+    if not q.is_cpu:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **kwargs)
+    dtype = q.dtype
+    if dtype in (torch.bfloat16, torch.float16):
+        q, k, v = q.float(), k.float(), v.float()
+    kernel = grid_attention.available() if dropout_p == 0 else None
+    mask = kwargs.get("attn_mask")
+    if kernel is not None and grid_attention.usable(q, k, v, mask):
+        out = grid_attention.attention(kernel, q, k, v, mask, kwargs.get("is_causal", False), kwargs.get("scale"))
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **kwargs)
+    return out.to(dtype)
 
 
 def packed_logits(forward, ids: torch.Tensor, widths: torch.Tensor, start: torch.Tensor,

@@ -1,25 +1,44 @@
 """Rows packed into one sequence (engine/training/packed.py): the same log-probs and gradients as
 every row run alone (the slow reference), for grouped-query attention and biased projections too,
 through activation checkpointing's recomputation; no token of padding through the model; and a
-model switched to packed attention still runs every other forward as SDPA."""
+model switched to packed attention still runs every other forward as SDPA. Each test runs twice:
+the grids' attention through the compiled kernel (engine/kernels/grid_attention.c, where it can be
+built) and through torch's."""
 
 import pytest
 import torch
 
 from hflow.engine import work_meter
 from hflow.engine.groups.batch import Batch
+from hflow.engine.kernels import grid_attention
 from hflow.engine.rollout.assembly import assemble_rollout
 from hflow.engine.training import logprobs, packed
 
 VOCAB = 61
 
 
+@pytest.fixture(autouse=True, params=["kernel", "torch"])
+def grid_kernel(request, monkeypatch):
+    """The grids' attention through the compiled kernel, counting its calls (None where it cannot be
+    built here), or through torch's SDPA."""
+    if request.param == "torch":
+        monkeypatch.setattr(grid_attention, "available", lambda: None)
+        return None
+    if grid_attention.available() is None:
+        pytest.skip("the grid attention kernel cannot be built here")
+    calls = []
+    real = grid_attention.attention
+    monkeypatch.setattr(grid_attention, "attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
 def _model(kind: str):
     """A small random model: Llama with grouped-query attention (4 query heads on 2 key-value
-    heads, as SmolLM2's 9 on 3), or Qwen2 with its biased q, k, v projections."""
+    heads, as SmolLM2's 9 on 3), or Qwen2 with its biased q, k, v projections; heads of 16 (the
+    grid kernel's vectors)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+    shape = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     torch.manual_seed(0)
     if kind == "qwen2":
@@ -76,7 +95,7 @@ def _alone_then_checkpointed(model, batch: Batch, seed: int) -> tuple[torch.Tens
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("share", [True, False])
-def test_packed_rows_score_as_each_row_alone(kind, share):
+def test_packed_rows_score_as_each_row_alone(kind, share, grid_kernel):
     model = _model(kind)
     batch = _batch(share)
     assert packed.can_pack(model) and logprobs.shares_prompts(model, batch) == share
@@ -87,6 +106,8 @@ def test_packed_rows_score_as_each_row_alone(kind, share):
     assert model.config._attn_implementation == packed.PACKED  # the packed path ran
     torch.testing.assert_close(got * mask, want, rtol=1e-5, atol=1e-5)
     _assert_same_grads(_grads(model, got, weights), _grads(model, want, weights))
+    if grid_kernel is not None:  # each layer's grids through the kernel: the prompts' and the rows'
+        assert len(grid_kernel) == model.config.num_hidden_layers * (2 if share else 1)
 
 
 def test_a_prefix_every_prompt_begins_with_runs_once_and_scores_as_each_row_alone(monkeypatch):
@@ -322,10 +343,11 @@ def test_only_full_attention_models_on_sdpa_pack():
     assert not packed.can_pack(eager)
 
 
-def test_a_bfloat16_model_s_packed_attention_runs_in_float32_on_the_cpu(monkeypatch):
+def test_a_bfloat16_model_s_packed_attention_runs_in_float32_on_the_cpu(monkeypatch, grid_kernel):
     """torch's CPU attention kernels are slower in bfloat16 than in float32: a bfloat16 model's grids
-    attend in float32, and the layer goes on in bfloat16. Its log-probs are the float32 model's
-    within bfloat16's rounding of the same weights, and its gradients arrive in bfloat16."""
+    attend in float32 (torch's or the grid kernel, which takes float32 only), and the layer goes on
+    in bfloat16. Its log-probs are the float32 model's within bfloat16's rounding of the same
+    weights, and its gradients arrive in bfloat16."""
     model = _model("llama")
     want = _alone(model, _batch(True))
     model = model.to(torch.bfloat16)
@@ -334,6 +356,10 @@ def test_a_bfloat16_model_s_packed_attention_runs_in_float32_on_the_cpu(monkeypa
     sdpa = packed.F.scaled_dot_product_attention
     monkeypatch.setattr(packed.F, "scaled_dot_product_attention",
                         lambda q, k, v, **kw: seen.append(q.dtype) or sdpa(q, k, v, **kw))
+    if grid_kernel is not None:
+        kernel = grid_attention.attention
+        monkeypatch.setattr(grid_attention, "attention", lambda kern, q, *a, **k: seen.append(q.dtype) or
+                            kernel(kern, q, *a, **k))
     got, _ = logprobs.response_log_probs(model, batch, 1.0)
     assert model.config._attn_implementation == packed.PACKED
     assert seen == [torch.float32] * (2 * model.config.num_hidden_layers)  # a layer: prompts, then rows
