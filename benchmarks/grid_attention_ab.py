@@ -9,7 +9,7 @@ Without `--phase`: the attention alone, forward and forward plus backward, at gr
 own, causally), milliseconds a call and the rate of the FLOPs the attended (query, key) pairs need
 (4 x head width each forward, 10 x with the backward's recomputed scores). With `--phase update`
 (or `score`): a recipe's own actor update (or old-policy scoring) on its own rollouts, the kernel
-turned off and on between calls; seconds a call.
+turned off and on between calls on each batch; seconds a call and each round's ratio.
 """
 
 from __future__ import annotations
@@ -106,7 +106,11 @@ def phase(recipe_name: str, overrides: list[str], which: str, rounds: int) -> No
         groups.shutdown()
     for way, seconds in times.items():
         print(f"{way:6s} median {statistics.median(seconds):.3f} s  ({', '.join(f'{s:.3f}' for s in seconds)})")
-    print(f"kernel faster by {statistics.median(times['torch']) / statistics.median(times['kernel']):.3f}x")
+    # Each round's two calls are on the same batch, one after the other: their ratio is the fair
+    # comparison (the batches' sizes differ, and so does the machine's speed between rounds).
+    ratios = [a / b for a, b in zip(times["torch"], times["kernel"])]
+    print(f"kernel faster by {statistics.geometric_mean(ratios):.3f}x (geometric mean of the rounds' ratios: "
+          f"{', '.join(f'{r:.2f}' for r in ratios)}; faster in {sum(r > 1 for r in ratios)} of {len(ratios)})")
 
 
 def main() -> None:
