@@ -236,99 +236,129 @@ static void probabilities(float *restrict s, const float *restrict bias, int end
     }
 }
 
-/* The heads of row b's key-value head h: where query head g's queries, and the head's keys, begin. */
-#define PAIR_POINTERS \
-    int b = pair / kv_heads, h = pair % kv_heads; \
-    const unsigned char *mb = mask ? mask + b * mask_batch : NULL; \
-    long key_at = b * ks[0] + h * ks[1], value_at = b * vs[0] + h * vs[1];
-#define QUERY_HEAD(g) (b * qs[0] + (h * group + (g)) * qs[1])
-#define LSE_AT(g) (((long)b * kv_heads * group + h * group + (g)) * queries)
+/* One call's tensors and shapes (`grid_attention_forward`'s and `_backward`'s arguments). */
+typedef struct {
+    const float *q, *k, *v, *out, *lse_in, *dout;
+    const long *qs, *ks, *vs, *ds;
+    const unsigned char *mask;
+    long mask_batch;
+    int causal, kv_heads, group, queries, keys, head_dim, padded;
+    float scale;
+    float *out_w, *lse_w, *dq, *dk, *dv;
+} Call;
 
-/* out (q's strides), and lse where not NULL (a pass without gradients needs none). Returns 0, 1
-   where a thread's scratch could not be allocated. */
-int grid_attention_forward(const float *q, const long *qs, const float *k, const long *ks, const float *v,
-                           const long *vs, const unsigned char *mask, long mask_batch, int causal, float *out,
-                           float *lse, int batch, int kv_heads, int group, int queries, int keys, int head_dim,
-                           float scale, int threads) {
-    int failed = 0, padded = round_up(keys);
+/* Where pair (b, h)'s query head g begins in q (and out, dq), and its lse row. */
+static inline long query_head(const Call *c, int b, int h, int g) {
+    return b * c->qs[0] + ((long)h * c->group + g) * c->qs[1];
+}
+
+static inline long lse_row(const Call *c, int b, int h, int g) {
+    return (((long)b * c->kv_heads + h) * c->group + g) * c->queries;
+}
+
+/* Pair (b, h) forward: out, and lse where asked for. */
+static void forward_pair(const Call *c, Scratch *w, int b, int h) {
+    const int queries = c->queries, keys = c->keys, head_dim = c->head_dim, padded = c->padded;
+    const long *qs = c->qs;
+    long key_at = b * c->ks[0] + h * c->ks[1], value_at = b * c->vs[0] + h * c->vs[1];
+    transpose(c->k + key_at, c->ks[2], keys, head_dim, padded, w->kt);
+    pair_masks(w, b, c->mask ? c->mask + b * c->mask_batch : NULL, c->causal, queries, keys, padded);
+    for (int g = 0; g < c->group; g++) {
+        for (int i0 = 0; i0 < queries; i0 += BLOCK) {
+            int rows = queries - i0 < BLOCK ? queries - i0 : BLOCK;
+            const int *ends = w->ends + i0;
+            long at = query_head(c, b, h, g) + i0 * qs[2];
+            product(rows, padded, head_dim, c->q + at, qs[2], w->kt, padded, w->s, padded, ends, 1);
+            for (int r = 0; r < rows; r++)
+                probabilities(w->s + (long)r * padded, w->bias + (long)(i0 + r) * padded, ends[r], padded, c->scale,
+                              NULL, c->lse_w ? c->lse_w + lse_row(c, b, h, g) + i0 + r : NULL);
+            product(rows, head_dim, keys, w->s, padded, c->v + value_at, c->vs[2], c->out_w + at, qs[2], ends, 0);
+        }
+    }
+}
+
+/* Pair (b, h) backward: its rows of dq, and its key-value head's dk and dv (only this pair's). */
+static void backward_pair(const Call *c, Scratch *w, int b, int h) {
+    const int queries = c->queries, keys = c->keys, head_dim = c->head_dim, padded = c->padded;
+    const long *qs = c->qs, *ds = c->ds;
+    long key_at = b * c->ks[0] + h * c->ks[1], value_at = b * c->vs[0] + h * c->vs[1];
+    for (int j = 0; j < keys; j++) {
+        memset(c->dk + key_at + j * c->ks[2], 0, sizeof(float) * (size_t)head_dim);
+        memset(c->dv + value_at + j * c->vs[2], 0, sizeof(float) * (size_t)head_dim);
+    }
+    transpose(c->k + key_at, c->ks[2], keys, head_dim, padded, w->kt);
+    transpose(c->v + value_at, c->vs[2], keys, head_dim, padded, w->vt);
+    pair_masks(w, b, c->mask ? c->mask + b * c->mask_batch : NULL, c->causal, queries, keys, padded);
+    for (int g = 0; g < c->group; g++) {
+        for (int i0 = 0; i0 < queries; i0 += BLOCK) {
+            int rows = queries - i0 < BLOCK ? queries - i0 : BLOCK;
+            const int *ends = w->ends + i0;
+            long at = query_head(c, b, h, g) + i0 * qs[2];
+            const float *dob = c->dout + b * ds[0] + ((long)h * c->group + g) * ds[1] + i0 * ds[2];
+            product(rows, padded, head_dim, c->q + at, qs[2], w->kt, padded, w->s, padded, ends, 1);
+            product(rows, padded, head_dim, dob, ds[2], w->vt, padded, w->ds, padded, ends, 1);
+            for (int r = 0; r < rows; r++) {
+                float *p = w->s + (long)r * padded, *dp = w->ds + (long)r * padded;
+                probabilities(p, w->bias + (long)(i0 + r) * padded, ends[r], padded, c->scale,
+                              c->lse_in + lse_row(c, b, h, g) + i0 + r, NULL);
+                const float *o = c->out + at + r * qs[2], *d = dob + r * ds[2];
+                lanes dot = (lanes){0};
+                for (int x = 0; x < head_dim; x += LANES) dot += load_lanes(o + x) * load_lanes(d + x);
+                float delta = lane_sum(dot);
+                #pragma omp simd
+                for (int j = 0; j < ends[r]; j++) dp[j] = p[j] * (dp[j] - delta) * c->scale;
+                for (int j = ends[r]; j < padded; j++) dp[j] = 0.f;
+            }
+            product(rows, head_dim, keys, w->ds, padded, c->k + key_at, c->ks[2], c->dq + at, qs[2], ends, 0);
+            product_tn(keys, head_dim, rows, w->ds, padded, c->q + at, qs[2], c->dk + key_at, c->ks[2], ends);
+            product_tn(keys, head_dim, rows, w->s, padded, dob, ds[2], c->dv + value_at, c->vs[2], ends);
+        }
+    }
+}
+
+/* Every (row, key-value head) pair, shared by the threads, each thread with its own scratch.
+   Returns 0, 1 where a thread's scratch could not be allocated. */
+static int each_pair(const Call *c, int batch, int backward, int threads) {
+    int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(|:failed)
     {
         Scratch w;
-        failed = !scratch_alloc(&w, queries, padded, head_dim);
+        failed = !scratch_alloc(&w, c->queries, c->padded, c->head_dim);
         #pragma omp for schedule(static)
-        for (int pair = 0; pair < batch * kv_heads; pair++) {
+        for (int pair = 0; pair < batch * c->kv_heads; pair++) {
             if (failed) continue;
-            PAIR_POINTERS
-            transpose(k + key_at, ks[2], keys, head_dim, padded, w.kt);
-            pair_masks(&w, b, mb, causal, queries, keys, padded);
-            for (int g = 0; g < group; g++) {
-                for (int i0 = 0; i0 < queries; i0 += BLOCK) {
-                    int rows = queries - i0 < BLOCK ? queries - i0 : BLOCK;
-                    const int *ends = w.ends + i0;
-                    long at = QUERY_HEAD(g) + i0 * qs[2];
-                    product(rows, padded, head_dim, q + at, qs[2], w.kt, padded, w.s, padded, ends, 1);
-                    for (int r = 0; r < rows; r++)
-                        probabilities(w.s + (long)r * padded, w.bias + (long)(i0 + r) * padded, ends[r], padded,
-                                      scale, NULL, lse ? lse + LSE_AT(g) + i0 + r : NULL);
-                    product(rows, head_dim, keys, w.s, padded, v + value_at, vs[2], out + at, qs[2], ends, 0);
-                }
-            }
+            if (backward)
+                backward_pair(c, &w, pair / c->kv_heads, pair % c->kv_heads);
+            else
+                forward_pair(c, &w, pair / c->kv_heads, pair % c->kv_heads);
         }
         scratch_free(&w);
     }
     return failed;
 }
 
+/* out (q's strides), and lse where not NULL (a pass without gradients needs none). Returns as
+   `each_pair`. */
+int grid_attention_forward(const float *q, const long *qs, const float *k, const long *ks, const float *v,
+                           const long *vs, const unsigned char *mask, long mask_batch, int causal, float *out,
+                           float *lse, int batch, int kv_heads, int group, int queries, int keys, int head_dim,
+                           float scale, int threads) {
+    Call c = {.q = q, .k = k, .v = v, .qs = qs, .ks = ks, .vs = vs, .mask = mask, .mask_batch = mask_batch,
+              .causal = causal, .kv_heads = kv_heads, .group = group, .queries = queries, .keys = keys,
+              .head_dim = head_dim, .padded = round_up(keys), .scale = scale, .out_w = out, .lse_w = lse};
+    return each_pair(&c, batch, 0, threads);
+}
+
 /* dq (q's strides), dk (k's) and dv (v's) from the forward's out (q's strides) and lse and the
-   gradient dout (its strides `ds`) of out. Returns as the forward. */
+   gradient dout (its strides `ds`) of out. Returns as `each_pair`. */
 int grid_attention_backward(const float *q, const long *qs, const float *k, const long *ks, const float *v,
                             const long *vs, const unsigned char *mask, long mask_batch, int causal, const float *out,
                             const float *lse, const float *dout, const long *ds, float *dq, float *dk, float *dv,
                             int batch, int kv_heads, int group, int queries, int keys, int head_dim, float scale,
                             int threads) {
-    int failed = 0, padded = round_up(keys);
-    #pragma omp parallel num_threads(threads) reduction(|:failed)
-    {
-        Scratch w;
-        failed = !scratch_alloc(&w, queries, padded, head_dim);
-        #pragma omp for schedule(static)
-        for (int pair = 0; pair < batch * kv_heads; pair++) {
-            if (failed) continue;
-            PAIR_POINTERS
-            for (int j = 0; j < keys; j++) {
-                memset(dk + key_at + j * ks[2], 0, sizeof(float) * (size_t)head_dim);
-                memset(dv + value_at + j * vs[2], 0, sizeof(float) * (size_t)head_dim);
-            }
-            transpose(k + key_at, ks[2], keys, head_dim, padded, w.kt);
-            transpose(v + value_at, vs[2], keys, head_dim, padded, w.vt);
-            pair_masks(&w, b, mb, causal, queries, keys, padded);
-            for (int g = 0; g < group; g++) {
-                for (int i0 = 0; i0 < queries; i0 += BLOCK) {
-                    int rows = queries - i0 < BLOCK ? queries - i0 : BLOCK;
-                    const int *ends = w.ends + i0;
-                    long at = QUERY_HEAD(g) + i0 * qs[2];
-                    const float *dob = dout + b * ds[0] + (h * group + g) * ds[1] + i0 * ds[2];
-                    product(rows, padded, head_dim, q + at, qs[2], w.kt, padded, w.s, padded, ends, 1);
-                    product(rows, padded, head_dim, dob, ds[2], w.vt, padded, w.ds, padded, ends, 1);
-                    for (int r = 0; r < rows; r++) {
-                        float *p = w.s + (long)r * padded, *dp = w.ds + (long)r * padded;
-                        probabilities(p, w.bias + (long)(i0 + r) * padded, ends[r], padded, scale,
-                                      lse + LSE_AT(g) + i0 + r, NULL);
-                        const float *o = out + at + r * qs[2], *d = dob + r * ds[2];
-                        lanes dot = (lanes){0};
-                        for (int x = 0; x < head_dim; x += LANES) dot += load_lanes(o + x) * load_lanes(d + x);
-                        float delta = lane_sum(dot);
-                        #pragma omp simd
-                        for (int j = 0; j < ends[r]; j++) dp[j] = p[j] * (dp[j] - delta) * scale;
-                        for (int j = ends[r]; j < padded; j++) dp[j] = 0.f;
-                    }
-                    product(rows, head_dim, keys, w.ds, padded, k + key_at, ks[2], dq + at, qs[2], ends, 0);
-                    product_tn(keys, head_dim, rows, w.ds, padded, q + at, qs[2], dk + key_at, ks[2], ends);
-                    product_tn(keys, head_dim, rows, w.s, padded, dob, ds[2], dv + value_at, vs[2], ends);
-                }
-            }
-        }
-        scratch_free(&w);
-    }
-    return failed;
+    Call c = {.q = q, .k = k, .v = v, .out = out, .lse_in = lse, .dout = dout, .qs = qs, .ks = ks, .vs = vs,
+              .ds = ds, .mask = mask, .mask_batch = mask_batch, .causal = causal, .kv_heads = kv_heads,
+              .group = group, .queries = queries, .keys = keys, .head_dim = head_dim, .padded = round_up(keys),
+              .scale = scale, .dq = dq, .dk = dk, .dv = dv};
+    return each_pair(&c, batch, 1, threads);
 }

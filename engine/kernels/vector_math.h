@@ -6,6 +6,17 @@
 
 #include <math.h>
 
+/* p(r) = e^r on [-ln2/2, ln2/2] from p holding the series' first coefficient: the degree-7 series
+   of Cephes' expf, for a float or for `lanes`. */
+#define EXP_SERIES(p, r) do { \
+        p = p * r + 1.3981999507e-3f; \
+        p = p * r + 8.3334519073e-3f; \
+        p = p * r + 4.1665795894e-2f; \
+        p = p * r + 1.6666665459e-1f; \
+        p = p * r + 5.0000001201e-1f; \
+        p = p * r * r + r + 1.0f; \
+    } while (0)
+
 /* 16 floats as one value of GCC's (and clang's) vector extensions: the compiler lowers it to the
    host's registers (one AVX-512 register, two AVX ones, four SSE ones). LANES is defined where the
    compiler has them. */
@@ -51,12 +62,7 @@ static inline lanes exp_lanes(lanes x) {
     n = select_lanes(n > y, n - 1.0f, n);                                      /* floor */
     lanes r = x - n * 0.693359375f + n * 2.12194440e-4f;
     lanes p = (lanes){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    EXP_SERIES(p, r);
     ints two_n = (__builtin_convertvector(n, ints) + 127) << 23;
     return p * (lanes)two_n;
 }
@@ -70,12 +76,7 @@ static inline float exp_nonpositive(float x) {
     float n = floorf(x * 1.44269504088896341f + 0.5f);
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    EXP_SERIES(p, r);
     union { int i; float f; } two_n;
     two_n.i = ((int)n + 127) << 23;
     return p * two_n.f;
