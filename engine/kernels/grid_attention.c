@@ -58,7 +58,8 @@ static inline __attribute__((always_inline)) void nn_tile(const int rows, const 
         for (int x = 0; x < chunks; x++) store_lanes(c + r * ldc + x * LANES, acc[r][x]);
 }
 
-#define NN_CHUNKS(rows) \
+/* nn_tile with the vectors of a row a constant: `chunks` of them, columns j on. */
+#define NN_CHUNKS(rows, a, c, depth) \
     switch (chunks) { \
         case 4: nn_tile(rows, 4, depth, a, lda, b + j, ldb, c + j, ldc); break; \
         case 3: nn_tile(rows, 3, depth, a, lda, b + j, ldb, c + j, ldc); break; \
@@ -67,8 +68,8 @@ static inline __attribute__((always_inline)) void nn_tile(const int rows, const 
     }
 
 /* c (m x n) = a (m x depth) b (depth x n), n a multiple of 16. With `ends` (a row's extent: ends[r]
-   of row r), a tile computes only the columns (`ends_columns`) or sums only the depth
-   (`ends_depth`) its rows reach, rounded up to whole vectors; past them a row's c is not written. */
+   of row r), a tile computes only the columns its rows reach (`ends_columns` 1, rounded up to whole
+   vectors) or sums only the depth they reach (`ends_columns` 0); past them a row's c is not written. */
 static void product(int m, int n, int depth, const float *restrict a, long lda, const float *restrict b, long ldb,
                     float *restrict c, long ldc, const int *ends, int ends_columns) {
     for (int r0 = 0; r0 < m; r0 += TILE) {
@@ -81,20 +82,12 @@ static void product(int m, int n, int depth, const float *restrict a, long lda, 
         for (int j = 0; j < columns; j += WIDE * LANES) {
             int chunks = (columns - j) / LANES;
             chunks = chunks < WIDE ? chunks : WIDE;
-            const float *restrict ar = a + (long)r0 * lda;
-            float *restrict cr = c + (long)r0 * ldc;
+            const float *ar = a + (long)r0 * lda;
+            float *cr = c + (long)r0 * ldc;
             if (rows == TILE) {
-                const float *restrict a = ar;
-                float *restrict c = cr;
-                int depth = full;
-                NN_CHUNKS(TILE)
+                NN_CHUNKS(TILE, ar, cr, full)
             } else {
-                for (int r = 0; r < rows; r++) {
-                    const float *restrict a = ar + r * lda;
-                    float *restrict c = cr + r * ldc;
-                    int depth = full;
-                    NN_CHUNKS(1)
-                }
+                for (int r = 0; r < rows; r++) NN_CHUNKS(1, ar + r * lda, cr + r * ldc, full)
             }
         }
     }
@@ -123,12 +116,13 @@ static inline __attribute__((always_inline)) void tn_tile(const int cols, const 
         }
 }
 
-#define TN_CHUNKS(cols) \
+/* tn_tile with the vectors of a row a constant: `chunks` of them, columns x0 on, a's columns j on. */
+#define TN_CHUNKS(cols, j) \
     switch (chunks) { \
-        case 4: tn_tile(cols, 4, j0, x0, depth, a, lda, b, ldb, c, ldc, ends); break; \
-        case 3: tn_tile(cols, 3, j0, x0, depth, a, lda, b, ldb, c, ldc, ends); break; \
-        case 2: tn_tile(cols, 2, j0, x0, depth, a, lda, b, ldb, c, ldc, ends); break; \
-        default: tn_tile(cols, 1, j0, x0, depth, a, lda, b, ldb, c, ldc, ends); \
+        case 4: tn_tile(cols, 4, j, x0, depth, a, lda, b, ldb, c, ldc, ends); break; \
+        case 3: tn_tile(cols, 3, j, x0, depth, a, lda, b, ldb, c, ldc, ends); break; \
+        case 2: tn_tile(cols, 2, j, x0, depth, a, lda, b, ldb, c, ldc, ends); break; \
+        default: tn_tile(cols, 1, j, x0, depth, a, lda, b, ldb, c, ldc, ends); \
     }
 
 /* c[j][0, width) += sum_m<depth a[m][j] b[m][0, width) for j < n: a transposed, read down its columns
@@ -141,12 +135,9 @@ static void product_tn(int n, int width, int depth, const float *restrict a, lon
             int chunks = (width - x0) / LANES;
             chunks = chunks < WIDE ? chunks : WIDE;
             if (n - j0 >= TILE) {
-                TN_CHUNKS(TILE)
+                TN_CHUNKS(TILE, j0)
             } else {
-                for (int j = j0; j < n; j++) {
-                    int j0 = j;
-                    TN_CHUNKS(1)
-                }
+                for (int j = j0; j < n; j++) TN_CHUNKS(1, j)
             }
         }
     }
@@ -164,8 +155,8 @@ static void transpose(const float *restrict rows, long stride, int keys, int hea
 }
 
 /* A pair's scratch, per thread: the keys and values transposed, a block's scores and a second block
-   (the backward's), each query's extent (1 + the last key it attends, 0 for none) and its mask as a bias (queries x padded: 0 where attended,
-   -inf elsewhere, the padding's columns included). */
+   (the backward's), each query's extent (1 + the last key it attends, 0 for none) and its mask as a
+   bias (queries x padded: 0 where attended, -inf elsewhere, the padding's columns included). */
 typedef struct {
     float *kt, *vt, *s, *ds, *bias;
     int *ends;
@@ -216,7 +207,7 @@ static void probabilities(float *restrict s, const float *restrict bias, int end
     for (int c = 0; c < chunks; c++) {
         lanes x = load_lanes(s + c * LANES) * scale + load_lanes(bias + c * LANES);
         store_lanes(s + c * LANES, x);
-        most = max_lanes(most, x);
+        if (!lse) most = max_lanes(most, x);  /* the backward has the row's lse */
     }
     float top = lse ? *lse : lane_max(most);
     int none = top == -INFINITY || top == INFINITY;  /* no key attended */

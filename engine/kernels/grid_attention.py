@@ -91,8 +91,8 @@ def _mask_pointer(mask: torch.Tensor | None) -> tuple[int | None, int]:
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether the kernel computes this call: CPU float32 tensors of 4 dimensions, a head width of
-    whole 16-float vectors, query heads a whole multiple of the key-value heads, no more than one
-    row of queries' batch for the keys', a boolean mask (B or 1, 1, Lq, Lk) or none."""
+    whole 16-float vectors, query heads a whole multiple of the key-value heads, keys and values of
+    the queries' batch, a boolean mask (B or 1, 1, Lq, Lk) or none."""
     if not (q.is_cpu and q.dtype == k.dtype == v.dtype == torch.float32 and q.dim() == k.dim() == v.dim() == 4):
         return False
     batch, heads, queries, head_dim = q.shape
